@@ -1,0 +1,100 @@
+//! Fused transformer kernels from `mlx::core::fast`: RMS norm, layer norm, rotary position
+//! embedding and scaled dot-product attention.
+use mlx_sys::ffi;
+
+use crate::array::{list, wrap};
+use crate::{Array, Result};
+
+/// RMS norm over the last axis: `x / sqrt(mean(x^2) + eps) * weight`
+/// (Zhang & Sennrich 2019; `mlx.core.fast.rms_norm`).
+///
+/// Shapes: `x [..., H]`, `weight [H]` (or `None` for no scaling); output like `x`.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] when `weight` is not `[H]`.
+pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
+    wrap("rms_norm", ffi::rms_norm(x.raw(), &list(weight), eps))
+}
+
+/// Layer norm over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`
+/// (Ba et al. 2016; `mlx.core.fast.layer_norm`). Shapes: `x [..., H]`, `weight`/`bias [H]`.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] when `weight` or `bias` is not `[H]`.
+pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+    wrap("layer_norm", ffi::layer_norm(x.raw(), &list(weight), &list(bias), eps))
+}
+
+/// Rotary position embedding (Su et al. 2021, RoFormer; `mlx.core.fast.rope`).
+///
+/// Rotates the first `dims` features of the last axis of `x [B, H, L, D]` (or any
+/// `[..., L, D]`); position `p` of row `l` is `offset + l`, angle `p * scale * theta_i`
+/// with `theta_i = base^(-2i/dims)` or, when `freqs` is given, `theta_i = 1 / freqs[i]`
+/// (`freqs [dims/2]`, for Llama-3 / YaRN / proportional schedules).
+/// `traditional = true` rotates adjacent pairs `(x[2i], x[2i+1])` (the GGUF/llama.cpp
+/// layout); `false` rotates halves `(x[i], x[i + dims/2])` (the HF layout).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// Number of leading features of the last axis that are rotated (even).
+    pub dims: i32,
+    /// Pairing of rotated features, see the type docs.
+    pub traditional: bool,
+    /// Frequency base (e.g. 10000.0); ignored when `freqs` is set.
+    pub base: f32,
+    /// Position scale (1.0 for none; linear RoPE scaling uses `1/factor`).
+    pub scale: f32,
+    /// Custom per-pair wavelengths `[dims/2]`, f32; replaces `base`.
+    pub freqs: Option<Array>,
+}
+
+impl Rope {
+    /// Applies the rotation to `x [..., L, D]` with the first row at position `offset`
+    /// (tokens already in the KV cache).
+    ///
+    /// # Errors
+    /// [`crate::Error::Mlx`] when `dims` exceeds `D` or is odd, or `freqs` has the wrong size.
+    pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        let has_base = self.freqs.is_none();
+        wrap(
+            "rope",
+            ffi::rope(x.raw(), self.dims, self.traditional, self.base, has_base, self.scale, offset, &list(self.freqs.as_ref())),
+        )
+    }
+}
+
+/// The mask of [`scaled_dot_product_attention`].
+#[derive(Debug, Clone, Copy)]
+pub enum AttentionMask<'a> {
+    /// Every query sees every key.
+    None,
+    /// Query `i` of `Lq` sees keys `0 ..= Lk - Lq + i` (the causal mask aligned to the end,
+    /// as with a KV cache holding `Lk - Lq` earlier tokens).
+    Causal,
+    /// An explicit mask broadcastable to `[B, Hq, Lq, Lk]`: bool (true = attend) or
+    /// additive float (added to the scores; `-inf` blocks).
+    Array(&'a Array),
+}
+
+/// `softmax(q @ k^T * scale + mask) @ v` (Vaswani et al. 2017;
+/// `mlx.core.fast.scaled_dot_product_attention`).
+///
+/// Shapes: `q [B, Hq, Lq, D]`, `k [B, Hkv, Lk, D]`, `v [B, Hkv, Lk, Dv]`, output
+/// `[B, Hq, Lq, Dv]`. Grouped-query attention when `Hq` is a multiple of `Hkv` (query
+/// head `h` uses KV head `h / (Hq / Hkv)`).
+///
+/// # Errors
+/// [`crate::Error::Mlx`] on mismatched shapes or head counts.
+pub fn scaled_dot_product_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: AttentionMask<'_>,
+) -> Result<Array> {
+    let (mode, arr) = match mask {
+        AttentionMask::None => ("", None),
+        AttentionMask::Causal => ("causal", None),
+        AttentionMask::Array(a) => ("array", Some(a)),
+    };
+    wrap("scaled_dot_product_attention", ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, mode, &list(arr)))
+}

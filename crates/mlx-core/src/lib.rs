@@ -1,0 +1,41 @@
+//! Safe Rust over MLX: the array type, its ops and fast kernels, affine quantization,
+//! random numbers with explicit keys, and safetensors/GGUF IO, for the models, quantizer
+//! and speculative decoder built on top of it.
+//!
+//! # Model of use
+//! - [`Array`] is an RAII handle to a lazy `mlx::core::array`: ops build a graph, [`eval`]
+//!   (or reading data) computes it, `Drop` releases it, `Clone` shares it.
+//! - Every fallible call returns [`Result`] with a typed [`Error`] that names the operation
+//!   or file; an MLX C++ exception never aborts the process.
+//! - **One MLX thread.** `Array` is `!Send`/`!Sync` because MLX 0.32 has per-thread default
+//!   streams: build and evaluate every graph on the thread that owns the weights and caches,
+//!   and talk to other threads with plain data.
+//! - On the Linux CPU backend f32 is the fast dtype, and f32 matmuls go to OpenBLAS when it
+//!   is installed ([`blas_info`]).
+//!
+//! ```no_run
+//! use mlx_core::{Array, Result};
+//! fn demo() -> Result<()> {
+//!     let a = Array::from_slice(&[1f32, 2., 3., 4.], &[2, 2])?;
+//!     let b = a.matmul(&a.t()?)?;
+//!     assert_eq!(b.to_vec::<f32>()?, vec![5., 11., 11., 25.]);
+//!     Ok(())
+//! }
+//! ```
+
+mod array;
+mod dtype;
+mod error;
+pub mod fast;
+pub mod io;
+mod ops;
+pub mod quant;
+pub mod random;
+mod runtime;
+
+pub use array::Array;
+pub use dtype::{Dtype, Element};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use ops::{concatenate, stack};
+pub use runtime::{async_eval, backend, blas_info, blas_sgemm_calls, default_device, eval, info, memory, select_blas, version, Backend, Blas, RuntimeInfo};

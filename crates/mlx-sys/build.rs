@@ -1,0 +1,236 @@
+//! Finds an MLX installation (headers + `libmlx`), compiles the C++ shim against it and
+//! tells dependents where the library lives.
+//!
+//! Resolution order (first hit wins):
+//! 1. `$MLX_DIR`: a directory with `include/mlx/mlx.h` and `lib/libmlx.{so,dylib}` (the
+//!    `mlx/` directory of an unpacked wheel, or a CMake install prefix).
+//! 2. The `mlx` Python package of `$MLX_PYTHON` (default `python3`). `mlx` is a namespace
+//!    package, so every entry of `mlx.__path__` is checked. Skipped when `$MLX_BACKEND` is
+//!    set explicitly, so that an installed CPU wheel never shadows a requested CUDA build.
+//! 3. The pinned wheel for `$MLX_BACKEND` (`cpu` = `mlx-cpu`, `cuda12` = `mlx-cuda-12`,
+//!    `cuda13` = `mlx-cuda-13`, `metal` = `mlx`; default `cpu` on Linux, `metal` on macOS),
+//!    fetched with `python3 -m pip download --no-deps --only-binary=:all:` into
+//!    `$MLX_SPEC_CACHE` (default `$XDG_CACHE_HOME/mlx-spec` or `~/.cache/mlx-spec`) and
+//!    unpacked there, keeping `mlx/` and `mlx_*.libs/` side by side (libmlx's RPATH
+//!    points from one to the other).
+//!
+//! Metadata for dependents (`links = "mlx"`): `DEP_MLX_LIBDIR` (the directory to put in
+//! an executable's rpath), `DEP_MLX_INCLUDE`, `DEP_MLX_ROOT`.
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// The MLX release this project is pinned to (headers and library must agree).
+const MLX_VERSION: &str = "0.32.4";
+
+fn main() {
+    for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/lib.rs"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+
+    let root = find_mlx();
+    let inc = root.join("include");
+    let lib = root.join("lib");
+    let reference_blas = bundled_blas(&root);
+
+    let mut build = cxx_build::bridge("src/lib.rs");
+    build
+        .file("src/shim.cc")
+        .include(&inc)
+        .std("c++20")
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .opt_level(2);
+    // The BLAS switch (src/blas.cc) only exists where libmlx calls a separate CBLAS
+    // library, i.e. the Linux wheels; macOS uses Accelerate inside libmlx.
+    if let Some(blas) = &reference_blas {
+        build
+            .file("src/blas.cc")
+            .define("MLXSYS_BLAS_SWITCH", None)
+            .define("MLXSYS_REFERENCE_BLAS", format!("\"{}\"", blas.display()).as_str());
+    }
+    // Link the shim whole: the BLAS switch's `cblas_sgemm` is referenced only by libmlx.so,
+    // so without +whole-archive the linker would never pull its object out of the archive.
+    build.cargo_metadata(false).compile("mlx_sys_shim");
+    let out_dir = env::var("OUT_DIR").unwrap();
+    println!("cargo:rustc-link-search=native={out_dir}");
+    println!("cargo:rustc-link-lib=static:+whole-archive=mlx_sys_shim");
+    let cxx_std = if cfg!(target_os = "macos") { "c++" } else { "stdc++" };
+    println!("cargo:rustc-link-lib=dylib={cxx_std}");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    if reference_blas.is_some() {
+        println!("cargo:rustc-link-lib=dylib=dl");
+    }
+    // Only this package's own tests get this; dependents read DEP_MLX_LIBDIR.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:libdir={}", lib.display());
+    println!("cargo:include={}", inc.display());
+    println!("cargo:root={}", root.display());
+    println!(
+        "cargo:rustc-env=MLX_SYS_BLAS_SWITCH={}",
+        if reference_blas.is_some() { "1" } else { "0" }
+    );
+    println!("cargo:rustc-env=MLX_SYS_ROOT={}", root.display());
+}
+
+fn is_mlx_root(p: &Path) -> bool {
+    p.join("include/mlx/mlx.h").is_file()
+        && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
+}
+
+fn find_mlx() -> PathBuf {
+    if let Ok(dir) = env::var("MLX_DIR") {
+        let p = PathBuf::from(&dir);
+        if !is_mlx_root(&p) {
+            fail(&format!(
+                "MLX_DIR={dir} has no include/mlx/mlx.h and lib/libmlx.so (expected the `mlx` \
+                 directory of an unpacked mlx-cpu wheel or a CMake install prefix)"
+            ));
+        }
+        return p;
+    }
+    if env::var_os("MLX_BACKEND").is_none() {
+        let py = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
+        if let Some(p) = python_mlx(&py) {
+            return p;
+        }
+    }
+    download_wheel()
+}
+
+/// Asks `py` where its `mlx` namespace package lives; `None` when it has none.
+fn python_mlx(py: &str) -> Option<PathBuf> {
+    let out = Command::new(py)
+        .args(["-c", "import mlx\nfor p in mlx.__path__: print(p)"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| PathBuf::from(l.trim()))
+        .find(|p| is_mlx_root(p))
+}
+
+fn backend_package() -> &'static str {
+    let default = if cfg!(target_os = "macos") { "metal" } else { "cpu" };
+    let backend = env::var("MLX_BACKEND").unwrap_or_else(|_| default.into());
+    match backend.as_str() {
+        "cpu" => "mlx-cpu",
+        "cuda12" => "mlx-cuda-12",
+        "cuda13" => "mlx-cuda-13",
+        "metal" => "mlx",
+        other => fail(&format!(
+            "MLX_BACKEND={other} is not one of cpu, cuda12, cuda13, metal"
+        )),
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    if let Ok(d) = env::var("MLX_SPEC_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Ok(d) = env::var("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("mlx-spec");
+    }
+    match env::var("HOME") {
+        Ok(h) => PathBuf::from(h).join(".cache/mlx-spec"),
+        Err(_) => PathBuf::from(env::var("OUT_DIR").unwrap()).join("mlx-spec-cache"),
+    }
+}
+
+/// Downloads and unpacks the pinned wheel once; later builds reuse the unpacked copy.
+fn download_wheel() -> PathBuf {
+    let pkg = backend_package();
+    let dest = cache_dir().join(format!("{pkg}-{MLX_VERSION}"));
+    let root = dest.join("mlx");
+    if is_mlx_root(&root) {
+        return root;
+    }
+    let py = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
+    let staging = dest.with_extension(format!("partial-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", staging.display())));
+    println!("cargo:warning=mlx-sys: downloading {pkg}=={MLX_VERSION} into {}", dest.display());
+    run(Command::new(&py).args(["-m", "pip", "download", "--quiet", "--no-deps"]).args([
+        "--only-binary=:all:",
+        &format!("{pkg}=={MLX_VERSION}"),
+        "-d",
+    ]).arg(&staging));
+    let wheel = fs::read_dir(&staging)
+        .ok()
+        .and_then(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        })
+        .unwrap_or_else(|| fail(&format!("pip left no .whl in {}", staging.display())));
+    run(Command::new(&py).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging));
+    let _ = fs::remove_file(&wheel);
+    if !is_mlx_root(&staging.join("mlx")) {
+        fail(&format!(
+            "{} does not contain mlx/include/mlx/mlx.h and mlx/lib/libmlx.*",
+            wheel.display()
+        ));
+    }
+    // Atomic publish: a concurrent build may have won the race; either copy is fine.
+    if fs::rename(&staging, &dest).is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    if !is_mlx_root(&root) {
+        fail(&format!("could not place the unpacked wheel at {}", dest.display()));
+    }
+    root
+}
+
+/// The reference CBLAS that the Linux wheels ship beside libmlx (`mlx_cpu.libs/libblas-*.so*`).
+fn bundled_blas(root: &Path) -> Option<PathBuf> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let parent = root.parent()?;
+    let mut dirs: Vec<PathBuf> = fs::read_dir(parent)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".libs")))
+        .collect();
+    dirs.push(root.join("lib"));
+    dirs.iter().find_map(|d| {
+        fs::read_dir(d).ok()?.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libblas") && n.to_string_lossy().contains(".so"))
+        })
+    })
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| fail(&format!("cannot run {cmd:?}: {e}")));
+    if !out.status.success() {
+        fail(&format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("mlx-sys: {msg}");
+    panic!(
+        "mlx-sys: {msg}\n(set MLX_DIR to an MLX install, or make `python3 -m pip` work so the \
+         pinned wheel can be downloaded)"
+    )
+}

@@ -1,0 +1,295 @@
+//! Raw bindings to MLX's C++ API: a `cxx` bridge over a small C++ shim (`src/shim.h`).
+//!
+//! This is the only crate of the workspace with C++ and FFI. Use the safe layer, `mlx-core`,
+//! instead of calling these functions directly.
+//!
+//! - Arrays are `mlx::core::array` itself, held as [`cxx::UniquePtr<MxArray>`]: dropping the
+//!   pointer runs the C++ destructor, which releases MLX's reference-counted buffer.
+//! - Every function that can throw returns `Result<_, cxx::Exception>`: cxx catches the C++
+//!   exception at the boundary and the message (MLX's own, e.g. `[matmul] Last dimension of
+//!   first input with shape (2,3) must match ...`) arrives in Rust. Nothing aborts.
+//! - Optional or variadic array arguments travel as an [`ffi::ArrayList`] (0 or 1 entries for
+//!   an optional one).
+//! - Opaque C++ types are `!Send` and `!Sync`: MLX 0.32 keeps one default stream per thread,
+//!   and a lazy array built on one thread cannot be evaluated on another.
+//!
+//! The build script (`build.rs`) finds or downloads `libmlx` and exports its directory to
+//! dependents as `DEP_MLX_LIBDIR`; a crate that links an executable (binary, test, bench)
+//! puts it in that executable's rpath with a two-line build script
+//! (see `crates/mlx-core/build.rs`).
+#![allow(missing_docs)] // the bridge items are documented in shim.h
+
+#[cxx::bridge(namespace = "mlxsys")]
+pub mod ffi {
+    /// Element types, in MLX's order of `mlx::core::Dtype::Val`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[repr(u8)]
+    enum Dtype {
+        Bool,
+        Uint8,
+        Uint16,
+        Uint32,
+        Uint64,
+        Int8,
+        Int16,
+        Int32,
+        Int64,
+        Float16,
+        Float32,
+        Float64,
+        Bfloat16,
+        Complex64,
+    }
+
+    /// One-input elementwise ops.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum UnaryOp {
+        Abs,
+        Negative,
+        Exp,
+        Log,
+        Log1p,
+        Sqrt,
+        Rsqrt,
+        Square,
+        Reciprocal,
+        Sin,
+        Cos,
+        Tanh,
+        Sigmoid,
+        Erf,
+        Floor,
+        Ceil,
+        Round,
+        Sign,
+        LogicalNot,
+        IsNan,
+        IsInf,
+    }
+
+    /// Two-input elementwise ops (with NumPy broadcasting and type promotion).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum BinaryOp {
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        FloorDivide,
+        Remainder,
+        Power,
+        Maximum,
+        Minimum,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        LogAddExp,
+    }
+
+    /// Reductions; `ArgMax`/`ArgMin` go through `arg_reduce` (one axis).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum ReduceOp {
+        Sum,
+        Mean,
+        Max,
+        Min,
+        Prod,
+        All,
+        Any,
+        LogSumExp,
+        ArgMax,
+        ArgMin,
+    }
+
+    /// Cumulative (scan) ops along one axis.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum ScanOp {
+        Sum,
+        Prod,
+        Max,
+        Min,
+        LogSumExp,
+    }
+
+    /// The arrays returned by `mlx::core::quantize`: packed `w` (uint32), `scales`, and
+    /// `biases` (null for modes without biases).
+    struct Quantized {
+        w: UniquePtr<MxArray>,
+        scales: UniquePtr<MxArray>,
+        biases: UniquePtr<MxArray>,
+    }
+
+    unsafe extern "C++" {
+        include!("mlx-sys/src/shim.h");
+
+        #[namespace = "mlx::core"]
+        #[cxx_name = "array"]
+        type MxArray;
+        type ArrayList;
+        type ArrayMap;
+        type Gguf;
+
+        fn list_new() -> UniquePtr<ArrayList>;
+        fn list_push(l: Pin<&mut ArrayList>, a: &MxArray);
+        fn list_len(l: &ArrayList) -> usize;
+        fn list_get(l: &ArrayList, i: usize) -> Result<UniquePtr<MxArray>>;
+        fn map_new() -> UniquePtr<ArrayMap>;
+        fn map_insert(m: Pin<&mut ArrayMap>, name: &str, a: &MxArray);
+        fn map_set_metadata(m: Pin<&mut ArrayMap>, key: &str, value: &str);
+        fn map_keys(m: &ArrayMap) -> Vec<String>;
+        fn map_get(m: &ArrayMap, name: &str) -> Result<UniquePtr<MxArray>>;
+        fn map_metadata_keys(m: &ArrayMap) -> Vec<String>;
+        fn map_metadata_get(m: &ArrayMap, key: &str) -> Result<String>;
+
+        fn from_bytes(data: &[u8], shape: &[i32], dtype: Dtype) -> Result<UniquePtr<MxArray>>;
+        fn full_f64(shape: &[i32], value: f64, dtype: Dtype) -> Result<UniquePtr<MxArray>>;
+        fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<UniquePtr<MxArray>>;
+        fn clone_array(a: &MxArray) -> UniquePtr<MxArray>;
+        fn shape(a: &MxArray) -> Vec<i32>;
+        fn dtype(a: &MxArray) -> Dtype;
+        fn nbytes(a: &MxArray) -> usize;
+        fn copy_to(a: &MxArray, out: &mut [u8]) -> Result<()>;
+        fn item_f64(a: &MxArray) -> Result<f64>;
+
+        fn unary(op: UnaryOp, a: &MxArray) -> Result<UniquePtr<MxArray>>;
+        fn binary(op: BinaryOp, a: &MxArray, b: &MxArray) -> Result<UniquePtr<MxArray>>;
+        fn astype(a: &MxArray, dtype: Dtype) -> Result<UniquePtr<MxArray>>;
+        fn where_(cond: &MxArray, x: &MxArray, y: &MxArray) -> Result<UniquePtr<MxArray>>;
+        fn clip(a: &MxArray, lo: &ArrayList, hi: &ArrayList) -> Result<UniquePtr<MxArray>>;
+        fn matmul(a: &MxArray, b: &MxArray) -> Result<UniquePtr<MxArray>>;
+        fn addmm(c: &MxArray, a: &MxArray, b: &MxArray, alpha: f32, beta: f32) -> Result<UniquePtr<MxArray>>;
+        fn reshape(a: &MxArray, shape: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn transpose(a: &MxArray, axes: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn swapaxes(a: &MxArray, axis1: i32, axis2: i32) -> Result<UniquePtr<MxArray>>;
+        fn expand_dims(a: &MxArray, axes: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn squeeze(a: &MxArray, axes: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn broadcast_to(a: &MxArray, shape: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn slice(a: &MxArray, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<UniquePtr<MxArray>>;
+        fn slice_update(
+            src: &MxArray,
+            update: &MxArray,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<MxArray>>;
+        fn concatenate(arrays: &ArrayList, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn stack(arrays: &ArrayList, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn split_sections(a: &MxArray, indices: &[i32], axis: i32) -> Result<UniquePtr<ArrayList>>;
+        fn take(a: &MxArray, indices: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn take_along_axis(a: &MxArray, indices: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn put_along_axis(a: &MxArray, indices: &MxArray, values: &MxArray, axis: i32)
+        -> Result<UniquePtr<MxArray>>;
+        fn contiguous(a: &MxArray) -> Result<UniquePtr<MxArray>>;
+        fn reduce(op: ReduceOp, a: &MxArray, axes: &[i32], keepdims: bool) -> Result<UniquePtr<MxArray>>;
+        fn arg_reduce(op: ReduceOp, a: &MxArray, axis: i32, keepdims: bool) -> Result<UniquePtr<MxArray>>;
+        fn softmax(a: &MxArray, axes: &[i32], precise: bool) -> Result<UniquePtr<MxArray>>;
+        fn scan(op: ScanOp, a: &MxArray, axis: i32, reverse: bool, inclusive: bool) -> Result<UniquePtr<MxArray>>;
+        fn sort(a: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn argsort(a: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn topk(a: &MxArray, k: i32, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn argpartition(a: &MxArray, kth: i32, axis: i32) -> Result<UniquePtr<MxArray>>;
+        fn tril(a: &MxArray, k: i32) -> Result<UniquePtr<MxArray>>;
+        fn triu(a: &MxArray, k: i32) -> Result<UniquePtr<MxArray>>;
+
+        fn rms_norm(x: &MxArray, weight: &ArrayList, eps: f32) -> Result<UniquePtr<MxArray>>;
+        fn layer_norm(x: &MxArray, weight: &ArrayList, bias: &ArrayList, eps: f32) -> Result<UniquePtr<MxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn rope(
+            x: &MxArray,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            has_base: bool,
+            scale: f32,
+            offset: i32,
+            freqs: &ArrayList,
+        ) -> Result<UniquePtr<MxArray>>;
+        fn sdpa(
+            q: &MxArray,
+            k: &MxArray,
+            v: &MxArray,
+            scale: f32,
+            mask_mode: &str,
+            mask: &ArrayList,
+        ) -> Result<UniquePtr<MxArray>>;
+
+        fn quantize(w: &MxArray, group_size: i32, bits: i32, mode: &str) -> Result<Quantized>;
+        fn dequantize(
+            w: &MxArray,
+            scales: &MxArray,
+            biases: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<MxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn quantized_matmul(
+            x: &MxArray,
+            w: &MxArray,
+            scales: &MxArray,
+            biases: &ArrayList,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<MxArray>>;
+
+        fn random_key(seed: u64) -> Result<UniquePtr<MxArray>>;
+        fn random_split(key: &MxArray, num: i32) -> Result<UniquePtr<MxArray>>;
+        fn random_uniform(
+            low: &MxArray,
+            high: &MxArray,
+            shape: &[i32],
+            dtype: Dtype,
+            key: &MxArray,
+        ) -> Result<UniquePtr<MxArray>>;
+        fn random_normal(shape: &[i32], dtype: Dtype, loc: f32, scale: f32, key: &MxArray)
+        -> Result<UniquePtr<MxArray>>;
+        fn random_categorical(logits: &MxArray, axis: i32, key: &MxArray) -> Result<UniquePtr<MxArray>>;
+
+        fn eval(arrays: &ArrayList) -> Result<()>;
+        fn async_eval(arrays: &ArrayList) -> Result<()>;
+        fn active_memory() -> usize;
+        fn peak_memory() -> usize;
+        fn cache_memory() -> usize;
+        fn reset_peak_memory();
+        fn clear_cache();
+        fn set_cache_limit(limit: usize) -> usize;
+
+        fn load_safetensors(path: &str) -> Result<UniquePtr<ArrayMap>>;
+        fn save_safetensors(path: &str, m: &ArrayMap) -> Result<()>;
+        fn load_gguf(path: &str) -> Result<UniquePtr<Gguf>>;
+        fn gguf_tensor_names(g: &Gguf) -> Vec<String>;
+        fn gguf_tensor(g: &Gguf, name: &str) -> Result<UniquePtr<MxArray>>;
+        fn gguf_metadata_keys(g: &Gguf) -> Vec<String>;
+        fn gguf_metadata_kind(g: &Gguf, key: &str) -> Result<u8>;
+        fn gguf_metadata_string(g: &Gguf, key: &str) -> Result<String>;
+        fn gguf_metadata_strings(g: &Gguf, key: &str) -> Result<Vec<String>>;
+        fn gguf_metadata_array(g: &Gguf, key: &str) -> Result<UniquePtr<MxArray>>;
+
+        fn version() -> String;
+        fn default_device() -> String;
+        fn gpu_available() -> bool;
+        fn metal_available() -> bool;
+        fn cuda_available() -> bool;
+        fn blas_info() -> String;
+        fn blas_select(which: &str) -> bool;
+        fn blas_sgemm_calls() -> u64;
+    }
+}
+
+/// Whether this build has the runtime BLAS switch (Linux wheels with a bundled reference
+/// CBLAS; see `src/blas.cc`). `false` on macOS, where libmlx uses Accelerate.
+pub const HAS_BLAS_SWITCH: bool = matches!(env!("MLX_SYS_BLAS_SWITCH").as_bytes(), b"1");
+
+/// The MLX installation this crate was built against (the directory holding `include/` and
+/// `lib/`), as chosen by the build script.
+pub const MLX_ROOT: &str = env!("MLX_SYS_ROOT");

@@ -1,0 +1,159 @@
+// C++ side of the mlx-sys bridge: thin wrappers over mlx::core.
+//
+// Rules that every function here follows:
+// - arrays go in as `const array&` and come out as `std::unique_ptr<array>` (Rust owns them
+//   through cxx::UniquePtr, so dropping runs the C++ destructor);
+// - optional and variadic array arguments travel as an `ArrayList` (0 or 1 entries = optional);
+// - every function that can throw is declared `-> Result<..>` in src/lib.rs, so cxx catches
+//   the std::exception and Rust receives Err with MLX's message instead of an abort.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mlx/mlx.h>
+#include "rust/cxx.h"
+
+namespace mlxsys {
+using mlx::core::array;
+
+enum class Dtype : uint8_t;
+enum class UnaryOp : uint8_t;
+enum class BinaryOp : uint8_t;
+enum class ReduceOp : uint8_t;
+enum class ScanOp : uint8_t;
+struct Quantized;
+
+// An ordered list of arrays (inputs to concatenate/eval, optional arguments, split results).
+struct ArrayList {
+  std::vector<array> items;
+};
+// A name -> array map plus string metadata (safetensors).
+struct ArrayMap {
+  std::unordered_map<std::string, array> arrays;
+  std::unordered_map<std::string, std::string> metadata;
+};
+// A loaded GGUF file: tensors plus typed metadata.
+struct Gguf {
+  mlx::core::GGUFLoad load;
+};
+
+// --- lists and maps
+std::unique_ptr<ArrayList> list_new();
+void list_push(ArrayList& l, const array& a);
+size_t list_len(const ArrayList& l);
+std::unique_ptr<array> list_get(const ArrayList& l, size_t i);
+std::unique_ptr<ArrayMap> map_new();
+void map_insert(ArrayMap& m, rust::Str name, const array& a);
+void map_set_metadata(ArrayMap& m, rust::Str key, rust::Str value);
+rust::Vec<rust::String> map_keys(const ArrayMap& m);
+std::unique_ptr<array> map_get(const ArrayMap& m, rust::Str name);
+rust::Vec<rust::String> map_metadata_keys(const ArrayMap& m);
+rust::String map_metadata_get(const ArrayMap& m, rust::Str key);
+
+// --- construction, inspection, copy-out
+std::unique_ptr<array> from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape,
+                                  Dtype dtype);
+std::unique_ptr<array> full_f64(rust::Slice<const int32_t> shape, double value, Dtype dtype);
+std::unique_ptr<array> arange(double start, double stop, double step, Dtype dtype);
+std::unique_ptr<array> clone_array(const array& a);
+rust::Vec<int32_t> shape(const array& a);
+Dtype dtype(const array& a);
+size_t nbytes(const array& a);
+void copy_to(const array& a, rust::Slice<uint8_t> out);
+double item_f64(const array& a);
+
+// --- elementwise and structural ops
+std::unique_ptr<array> unary(UnaryOp op, const array& a);
+std::unique_ptr<array> binary(BinaryOp op, const array& a, const array& b);
+std::unique_ptr<array> astype(const array& a, Dtype dtype);
+std::unique_ptr<array> where_(const array& cond, const array& x, const array& y);
+std::unique_ptr<array> clip(const array& a, const ArrayList& lo, const ArrayList& hi);
+std::unique_ptr<array> matmul(const array& a, const array& b);
+std::unique_ptr<array> addmm(const array& c, const array& a, const array& b, float alpha, float beta);
+std::unique_ptr<array> reshape(const array& a, rust::Slice<const int32_t> shape);
+std::unique_ptr<array> transpose(const array& a, rust::Slice<const int32_t> axes);
+std::unique_ptr<array> swapaxes(const array& a, int32_t axis1, int32_t axis2);
+std::unique_ptr<array> expand_dims(const array& a, rust::Slice<const int32_t> axes);
+std::unique_ptr<array> squeeze(const array& a, rust::Slice<const int32_t> axes);
+std::unique_ptr<array> broadcast_to(const array& a, rust::Slice<const int32_t> shape);
+std::unique_ptr<array> slice(const array& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop,
+                             rust::Slice<const int32_t> strides);
+std::unique_ptr<array> slice_update(const array& src, const array& update, rust::Slice<const int32_t> start,
+                                    rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides);
+std::unique_ptr<array> concatenate(const ArrayList& arrays, int32_t axis);
+std::unique_ptr<array> stack(const ArrayList& arrays, int32_t axis);
+std::unique_ptr<ArrayList> split_sections(const array& a, rust::Slice<const int32_t> indices, int32_t axis);
+std::unique_ptr<array> take(const array& a, const array& indices, int32_t axis);
+std::unique_ptr<array> take_along_axis(const array& a, const array& indices, int32_t axis);
+std::unique_ptr<array> put_along_axis(const array& a, const array& indices, const array& values, int32_t axis);
+std::unique_ptr<array> contiguous(const array& a);
+std::unique_ptr<array> reduce(ReduceOp op, const array& a, rust::Slice<const int32_t> axes, bool keepdims);
+std::unique_ptr<array> arg_reduce(ReduceOp op, const array& a, int32_t axis, bool keepdims);
+std::unique_ptr<array> softmax(const array& a, rust::Slice<const int32_t> axes, bool precise);
+std::unique_ptr<array> scan(ScanOp op, const array& a, int32_t axis, bool reverse, bool inclusive);
+std::unique_ptr<array> sort(const array& a, int32_t axis);
+std::unique_ptr<array> argsort(const array& a, int32_t axis);
+std::unique_ptr<array> topk(const array& a, int32_t k, int32_t axis);
+std::unique_ptr<array> argpartition(const array& a, int32_t kth, int32_t axis);
+std::unique_ptr<array> tril(const array& a, int32_t k);
+std::unique_ptr<array> triu(const array& a, int32_t k);
+
+// --- fast ops (mlx::core::fast)
+std::unique_ptr<array> rms_norm(const array& x, const ArrayList& weight, float eps);
+std::unique_ptr<array> layer_norm(const array& x, const ArrayList& weight, const ArrayList& bias, float eps);
+std::unique_ptr<array> rope(const array& x, int32_t dims, bool traditional, float base, bool has_base, float scale,
+                            int32_t offset, const ArrayList& freqs);
+std::unique_ptr<array> sdpa(const array& q, const array& k, const array& v, float scale, rust::Str mask_mode,
+                            const ArrayList& mask);
+
+// --- affine quantization
+Quantized quantize(const array& w, int32_t group_size, int32_t bits, rust::Str mode);
+std::unique_ptr<array> dequantize(const array& w, const array& scales, const ArrayList& biases, int32_t group_size,
+                                  int32_t bits, rust::Str mode);
+std::unique_ptr<array> quantized_matmul(const array& x, const array& w, const array& scales, const ArrayList& biases,
+                                        bool transpose, int32_t group_size, int32_t bits, rust::Str mode);
+
+// --- random (explicit keys)
+std::unique_ptr<array> random_key(uint64_t seed);
+std::unique_ptr<array> random_split(const array& key, int32_t num);
+std::unique_ptr<array> random_uniform(const array& low, const array& high, rust::Slice<const int32_t> shape,
+                                      Dtype dtype, const array& key);
+std::unique_ptr<array> random_normal(rust::Slice<const int32_t> shape, Dtype dtype, float loc, float scale,
+                                     const array& key);
+std::unique_ptr<array> random_categorical(const array& logits, int32_t axis, const array& key);
+
+// --- evaluation and memory
+void eval(const ArrayList& arrays);
+void async_eval(const ArrayList& arrays);
+size_t active_memory();
+size_t peak_memory();
+size_t cache_memory();
+void reset_peak_memory();
+void clear_cache();
+size_t set_cache_limit(size_t limit);
+
+// --- IO
+std::unique_ptr<ArrayMap> load_safetensors(rust::Str path);
+void save_safetensors(rust::Str path, const ArrayMap& m);
+std::unique_ptr<Gguf> load_gguf(rust::Str path);
+rust::Vec<rust::String> gguf_tensor_names(const Gguf& g);
+std::unique_ptr<array> gguf_tensor(const Gguf& g, rust::Str name);
+rust::Vec<rust::String> gguf_metadata_keys(const Gguf& g);
+uint8_t gguf_metadata_kind(const Gguf& g, rust::Str key);
+rust::String gguf_metadata_string(const Gguf& g, rust::Str key);
+rust::Vec<rust::String> gguf_metadata_strings(const Gguf& g, rust::Str key);
+std::unique_ptr<array> gguf_metadata_array(const Gguf& g, rust::Str key);
+
+// --- runtime information
+rust::String version();
+rust::String default_device();
+bool gpu_available();
+bool metal_available();
+bool cuda_available();
+rust::String blas_info();
+bool blas_select(rust::Str which);
+uint64_t blas_sgemm_calls();
+}  // namespace mlxsys
