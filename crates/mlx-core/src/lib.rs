@@ -13,14 +13,20 @@
 //! - On the Linux CPU backend f32 is the fast dtype, and f32 matmuls go to OpenBLAS when it
 //!   is installed ([`blas_info`]).
 //!
-//! ```no_run
-//! use mlx_core::{Array, Result};
-//! fn demo() -> Result<()> {
-//!     let a = Array::from_slice(&[1f32, 2., 3., 4.], &[2, 2])?;
-//!     let b = a.matmul(&a.t()?)?;
-//!     assert_eq!(b.to_vec::<f32>()?, vec![5., 11., 11., 25.]);
-//!     Ok(())
-//! }
+//! ```
+//! use mlx_core::{Array, Dtype, fast, quant::{self, QuantSpec}};
+//! # fn main() -> mlx_core::Result<()> {
+//! let a = Array::from_slice(&[1f32, 2., 3., 4.], &[2, 2])?;
+//! let b = a.matmul(&a.t()?)?;
+//! assert_eq!(b.to_vec::<f32>()?, vec![5., 11., 11., 25.]);
+//!
+//! let w = Array::from_slice(&vec![0.5f32; 64 * 128], &[64, 128])?; // [N, K]
+//! let x = Array::ones(&[1, 128], Dtype::Float32)?; // [1, K]
+//! let q = quant::quantize(&w, QuantSpec::new(64, 4)?)?; // as mlx.core.quantize
+//! let y = fast::rms_norm(&q.matmul_t(&x)?, None, 1e-5)?; // [1, N]
+//! assert_eq!(y.shape(), vec![1, 64]);
+//! # Ok(())
+//! # }
 //! ```
 
 mod array;
