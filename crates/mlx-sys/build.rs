@@ -73,16 +73,12 @@ fn main() {
     println!("cargo:libdir={}", lib.display());
     println!("cargo:include={}", inc.display());
     println!("cargo:root={}", root.display());
-    println!(
-        "cargo:rustc-env=MLX_SYS_BLAS_SWITCH={}",
-        if reference_blas.is_some() { "1" } else { "0" }
-    );
+    println!("cargo:rustc-env=MLX_SYS_BLAS_SWITCH={}", if reference_blas.is_some() { "1" } else { "0" });
     println!("cargo:rustc-env=MLX_SYS_ROOT={}", root.display());
 }
 
 fn is_mlx_root(p: &Path) -> bool {
-    p.join("include/mlx/mlx.h").is_file()
-        && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
+    p.join("include/mlx/mlx.h").is_file() && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
 }
 
 fn find_mlx() -> PathBuf {
@@ -107,17 +103,11 @@ fn find_mlx() -> PathBuf {
 
 /// Asks `py` where its `mlx` namespace package lives; `None` when it has none.
 fn python_mlx(py: &str) -> Option<PathBuf> {
-    let out = Command::new(py)
-        .args(["-c", "import mlx\nfor p in mlx.__path__: print(p)"])
-        .output()
-        .ok()?;
+    let out = Command::new(py).args(["-c", "import mlx\nfor p in mlx.__path__: print(p)"]).output().ok()?;
     if !out.status.success() {
         return None;
     }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| PathBuf::from(l.trim()))
-        .find(|p| is_mlx_root(p))
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| PathBuf::from(l.trim())).find(|p| is_mlx_root(p))
 }
 
 fn backend_package() -> &'static str {
@@ -128,9 +118,7 @@ fn backend_package() -> &'static str {
         "cuda12" => "mlx-cuda-12",
         "cuda13" => "mlx-cuda-13",
         "metal" => "mlx",
-        other => fail(&format!(
-            "MLX_BACKEND={other} is not one of cpu, cuda12, cuda13, metal"
-        )),
+        other => fail(&format!("MLX_BACKEND={other} is not one of cpu, cuda12, cuda13, metal")),
     }
 }
 
@@ -158,29 +146,20 @@ fn download_wheel() -> PathBuf {
     let py = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
     let staging = dest.with_extension(format!("partial-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging)
-        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", staging.display())));
+    fs::create_dir_all(&staging).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", staging.display())));
     println!("cargo:warning=mlx-sys: downloading {pkg}=={MLX_VERSION} into {}", dest.display());
-    run(Command::new(&py).args(["-m", "pip", "download", "--quiet", "--no-deps"]).args([
-        "--only-binary=:all:",
-        &format!("{pkg}=={MLX_VERSION}"),
-        "-d",
-    ]).arg(&staging));
+    run(Command::new(&py)
+        .args(["-m", "pip", "download", "--quiet", "--no-deps"])
+        .args(["--only-binary=:all:", &format!("{pkg}=={MLX_VERSION}"), "-d"])
+        .arg(&staging));
     let wheel = fs::read_dir(&staging)
         .ok()
-        .and_then(|rd| {
-            rd.filter_map(Result::ok)
-                .map(|e| e.path())
-                .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        })
+        .and_then(|rd| rd.filter_map(Result::ok).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "whl")))
         .unwrap_or_else(|| fail(&format!("pip left no .whl in {}", staging.display())));
     run(Command::new(&py).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging));
     let _ = fs::remove_file(&wheel);
     if !is_mlx_root(&staging.join("mlx")) {
-        fail(&format!(
-            "{} does not contain mlx/include/mlx/mlx.h and mlx/lib/libmlx.*",
-            wheel.display()
-        ));
+        fail(&format!("{} does not contain mlx/include/mlx/mlx.h and mlx/lib/libmlx.*", wheel.display()));
     }
     // Atomic publish: a concurrent build may have won the race; either copy is fine.
     if fs::rename(&staging, &dest).is_err() {
@@ -214,9 +193,7 @@ fn bundled_blas(root: &Path) -> Option<PathBuf> {
 }
 
 fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| fail(&format!("cannot run {cmd:?}: {e}")));
+    let out = cmd.output().unwrap_or_else(|e| fail(&format!("cannot run {cmd:?}: {e}")));
     if !out.status.success() {
         fail(&format!(
             "{cmd:?} failed ({}):\n{}{}",

@@ -85,16 +85,25 @@ fn bench(report_only: bool) -> Result<()> {
 /// Median time in ns of one criterion benchmark (`target/criterion/<id>/new/estimates.json`).
 fn median_ns(id: &str) -> Result<f64> {
     let p = root().join("target/criterion").join(id).join("new/estimates.json");
-    let text = std::fs::read_to_string(&p).with_context(|| format!("{}: run `cargo xtask bench` first", p.display()))?;
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("{}: run `cargo xtask bench` first", p.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
     v["median"]["point_estimate"].as_f64().with_context(|| format!("{}: no median.point_estimate", p.display()))
 }
 
 fn report() -> Result<()> {
     let pairs = [
-        ("f32 matvec 1x576x1536: OpenBLAS vs reference BLAS", "f32/matvec_1x576x1536_reference", "f32/matvec_1x576x1536_openblas"),
+        (
+            "f32 matvec 1x576x1536: OpenBLAS vs reference BLAS",
+            "f32/matvec_1x576x1536_reference",
+            "f32/matvec_1x576x1536_openblas",
+        ),
         ("f32 sgemm 512^3: OpenBLAS vs reference BLAS", "f32/sgemm_512_reference", "f32/sgemm_512_openblas"),
-        ("matvec 1x576x1536: q4 g64 vs f32 (default BLAS)", "matvec_1x576x1536/f32_default_blas", "matvec_1x576x1536/q4_g64"),
+        (
+            "matvec 1x576x1536: q4 g64 vs f32 (default BLAS)",
+            "matvec_1x576x1536/f32_default_blas",
+            "matvec_1x576x1536/q4_g64",
+        ),
     ];
     println!("{:<52} {:>12} {:>12} {:>9}", "comparison (baseline -> candidate)", "baseline", "candidate", "speedup");
     for (label, base, cand) in pairs {
@@ -103,9 +112,11 @@ fn report() -> Result<()> {
             (Err(e), _) | (_, Err(e)) => println!("{label:<52} missing: {e:#}"),
         }
     }
-    if let (Ok(one), Ok(chain), Ok(build)) =
-        (median_ns("overhead/one_add_eval"), median_ns("overhead/chain16_add_eval"), median_ns("overhead/build_only_16_ops"))
-    {
+    if let (Ok(one), Ok(chain), Ok(build)) = (
+        median_ns("overhead/one_add_eval"),
+        median_ns("overhead/chain16_add_eval"),
+        median_ns("overhead/build_only_16_ops"),
+    ) {
         println!(
             "per-op overhead: {:.1} us/op evaluated ((chain16 - one) / 15), {:.2} us/op to build the graph",
             (chain - one) / 15.0 / 1e3,

@@ -37,7 +37,9 @@ fn matmul(c: &mut Criterion) {
         if select_blas(blas).is_err() {
             continue;
         }
-        g.bench_function(format!("matvec_1x576x1536/{name}"), |bch| bch.iter(|| x.matmul(&w_t).unwrap().eval().unwrap()));
+        g.bench_function(format!("matvec_1x576x1536/{name}"), |bch| {
+            bch.iter(|| x.matmul(&w_t).unwrap().eval().unwrap())
+        });
         g.bench_function(format!("sgemm_512/{name}"), |bch| bch.iter(|| a.matmul(&b).unwrap().eval().unwrap()));
     }
     g.finish();

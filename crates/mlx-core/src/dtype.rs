@@ -13,9 +13,9 @@ pub enum Dtype {
     Uint8,
     /// 2-byte unsigned integer.
     Uint16,
-    /// 4-byte unsigned integer (packed quantized weights, token ids from `argmax`).
+    /// 4-byte unsigned integer (packed quantized weights, `argmax` indices, PRNG keys `[2]`).
     Uint32,
-    /// 8-byte unsigned integer (PRNG keys are `[2]` of this).
+    /// 8-byte unsigned integer.
     Uint64,
     /// 1-byte signed integer.
     Int8,
@@ -101,10 +101,9 @@ impl Dtype {
             "f64" => "float64",
             other => other,
         };
-        ALL.into_iter().find(|d| d.name() == alias).ok_or_else(|| crate::Error::Invalid {
-            op: "Dtype::from_name",
-            message: format!("unknown dtype `{name}`"),
-        })
+        ALL.into_iter()
+            .find(|d| d.name() == alias)
+            .ok_or_else(|| crate::Error::Invalid { op: "Dtype::from_name", message: format!("unknown dtype `{name}`") })
     }
 
     pub(crate) fn to_ffi(self) -> ffi::Dtype {

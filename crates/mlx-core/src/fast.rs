@@ -57,7 +57,16 @@ impl Rope {
         let has_base = self.freqs.is_none();
         wrap(
             "rope",
-            ffi::rope(x.raw(), self.dims, self.traditional, self.base, has_base, self.scale, offset, &list(self.freqs.as_ref())),
+            ffi::rope(
+                x.raw(),
+                self.dims,
+                self.traditional,
+                self.base,
+                has_base,
+                self.scale,
+                offset,
+                &list(self.freqs.as_ref()),
+            ),
         )
     }
 }

@@ -25,7 +25,11 @@ impl Safetensors {
     /// # Errors
     /// [`Error::Missing`] naming the file and the tensor.
     pub fn get(&self, name: &str) -> Result<&Array> {
-        self.tensors.get(name).ok_or_else(|| Error::Missing { path: self.path.clone(), what: "tensor", name: name.into() })
+        self.tensors.get(name).ok_or_else(|| Error::Missing {
+            path: self.path.clone(),
+            what: "tensor",
+            name: name.into(),
+        })
     }
 }
 
@@ -88,7 +92,8 @@ pub fn save_safetensors<'a>(
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tensors");
     // MLX appends `.safetensors` to names without it, so the temporary name keeps the suffix.
     let tmp = path.with_file_name(format!(".{name}.tmp-{}.safetensors", std::process::id()));
-    let tmp_str = tmp.to_str().ok_or_else(|| Error::File { path: path.into(), message: "path is not valid UTF-8".into() })?;
+    let tmp_str =
+        tmp.to_str().ok_or_else(|| Error::File { path: path.into(), message: "path is not valid UTF-8".into() })?;
     if let Err(e) = ffi::save_safetensors(tmp_str, &m) {
         let _ = std::fs::remove_file(&tmp);
         return Err(file_err(path, e));
@@ -157,11 +162,19 @@ impl Gguf {
     /// # Errors
     /// [`Error::Missing`] naming the file and the tensor.
     pub fn tensor(&self, name: &str) -> Result<&Array> {
-        self.tensors.get(name).ok_or_else(|| Error::Missing { path: self.path.clone(), what: "tensor", name: name.into() })
+        self.tensors.get(name).ok_or_else(|| Error::Missing {
+            path: self.path.clone(),
+            what: "tensor",
+            name: name.into(),
+        })
     }
 
     fn meta(&self, key: &str) -> Result<&GgufValue> {
-        self.metadata.get(key).ok_or_else(|| Error::Missing { path: self.path.clone(), what: "metadata key", name: key.into() })
+        self.metadata.get(key).ok_or_else(|| Error::Missing {
+            path: self.path.clone(),
+            what: "metadata key",
+            name: key.into(),
+        })
     }
 
     fn wrong_kind(&self, key: &str, want: &str) -> Error {

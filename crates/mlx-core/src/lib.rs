@@ -44,4 +44,7 @@ pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use ops::{concatenate, stack};
-pub use runtime::{async_eval, backend, blas_info, blas_sgemm_calls, default_device, eval, info, memory, select_blas, version, Backend, Blas, RuntimeInfo};
+pub use runtime::{
+    Backend, Blas, RuntimeInfo, async_eval, backend, blas_info, blas_sgemm_calls, default_device, eval, info, memory,
+    select_blas, version,
+};

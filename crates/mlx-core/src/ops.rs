@@ -226,7 +226,12 @@ impl Array {
     /// # Errors
     /// [`Error::Mlx`] when the element counts differ.
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
-        wrap("reshape", ffi::reshape(self.raw(), shape))
+        wrap("reshape", ffi::reshape(self.raw(), shape)).map_err(|e| match e {
+            Error::Mlx { op, message } => {
+                Error::Mlx { op, message: format!("{message} (input shape {:?})", self.shape()) }
+            }
+            e => e,
+        })
     }
 
     /// Permutes the axes (`axes[i]` is the input axis that becomes output axis `i`); an empty
@@ -368,12 +373,15 @@ impl Array {
         wrap("argmin", ffi::arg_reduce(ReduceOp::ArgMin, self.raw(), axis, keepdims))
     }
 
-    /// `exp(x - logsumexp(x))` over `axes`; `precise` accumulates f16/bf16 input in f32.
+    /// `exp(x - logsumexp(x))` over `axes` (all axes when empty, as for the reductions;
+    /// pass `&[-1]` for the usual last-axis softmax); `precise` accumulates f16/bf16 input
+    /// in f32.
     ///
     /// # Errors
     /// [`Error::Mlx`] for an out-of-range axis.
     pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {
-        wrap("softmax", ffi::softmax(self.raw(), axes, precise))
+        let all: Vec<i32> = (0..self.ndim() as i32).collect();
+        wrap("softmax", ffi::softmax(self.raw(), if axes.is_empty() { &all } else { axes }, precise))
     }
 
     /// Sorted copy along `axis` (ascending).

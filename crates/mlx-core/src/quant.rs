@@ -32,7 +32,10 @@ impl QuantSpec {
     /// [`Error::Invalid`] when `bits` or `group_size` is not supported.
     pub fn new(group_size: i32, bits: i32) -> Result<Self> {
         if !SUPPORTED_BITS.contains(&bits) {
-            return Err(Error::Invalid { op: "quantize", message: format!("bits must be one of {SUPPORTED_BITS:?}, got {bits}") });
+            return Err(Error::Invalid {
+                op: "quantize",
+                message: format!("bits must be one of {SUPPORTED_BITS:?}, got {bits}"),
+            });
         }
         if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
             return Err(Error::Invalid {
@@ -71,7 +74,12 @@ pub struct QuantizedMatrix {
 pub fn quantize(w: &Array, spec: QuantSpec) -> Result<QuantizedMatrix> {
     let spec = QuantSpec::new(spec.group_size, spec.bits)?;
     let q = ffi::quantize(w.raw(), spec.group_size, spec.bits, "affine").map_err(|e| Error::mlx("quantize", e))?;
-    Ok(QuantizedMatrix { weight: Array::from_raw(q.w), scales: Array::from_raw(q.scales), biases: Array::from_raw(q.biases), spec })
+    Ok(QuantizedMatrix {
+        weight: Array::from_raw(q.w),
+        scales: Array::from_raw(q.scales),
+        biases: Array::from_raw(q.biases),
+        spec,
+    })
 }
 
 /// `scales * q + biases`, shape `[..., N, K]`, dtype of `scales`.
@@ -79,7 +87,10 @@ pub fn quantize(w: &Array, spec: QuantSpec) -> Result<QuantizedMatrix> {
 /// # Errors
 /// [`Error::Mlx`] when the shapes do not fit the spec (e.g. `weight` not uint32).
 pub fn dequantize(weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Result<Array> {
-    wrap("dequantize", ffi::dequantize(weight.raw(), scales.raw(), &list([biases]), spec.group_size, spec.bits, "affine"))
+    wrap(
+        "dequantize",
+        ffi::dequantize(weight.raw(), scales.raw(), &list([biases]), spec.group_size, spec.bits, "affine"),
+    )
 }
 
 /// `x @ W^T` (`transpose = true`, `x [..., K]` -> `[..., N]`, the `Linear` layout) or
@@ -88,10 +99,26 @@ pub fn dequantize(weight: &Array, scales: &Array, biases: &Array, spec: QuantSpe
 ///
 /// # Errors
 /// [`Error::Mlx`] when `x`'s last axis does not match `W`.
-pub fn quantized_matmul(x: &Array, weight: &Array, scales: &Array, biases: &Array, transpose: bool, spec: QuantSpec) -> Result<Array> {
+pub fn quantized_matmul(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    transpose: bool,
+    spec: QuantSpec,
+) -> Result<Array> {
     wrap(
         "quantized_matmul",
-        ffi::quantized_matmul(x.raw(), weight.raw(), scales.raw(), &list([biases]), transpose, spec.group_size, spec.bits, "affine"),
+        ffi::quantized_matmul(
+            x.raw(),
+            weight.raw(),
+            scales.raw(),
+            &list([biases]),
+            transpose,
+            spec.group_size,
+            spec.bits,
+            "affine",
+        ),
     )
 }
 

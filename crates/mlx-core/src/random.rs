@@ -25,8 +25,14 @@ impl Key {
     /// `num` independent keys derived from this one (`mlx.core.random.split`).
     ///
     /// # Errors
-    /// [`crate::Error::Mlx`] when `num` is not positive.
+    /// [`crate::Error::Invalid`] when `num` is not positive.
     pub fn split(&self, num: i32) -> Result<Vec<Key>> {
+        if num <= 0 {
+            return Err(crate::Error::Invalid {
+                op: "random::split",
+                message: format!("num must be positive, got {num}"),
+            });
+        }
         let keys = wrap("random::split", ffi::random_split(self.0.raw(), num))?;
         (0..num).map(|i| Ok(Key(keys.slice_axis(0, i, i + 1)?.squeeze(&[0])?))).collect()
     }

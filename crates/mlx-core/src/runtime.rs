@@ -130,7 +130,10 @@ pub fn select_blas(blas: Blas) -> Result<()> {
         Blas::Reference => "reference",
     };
     if !mlx_sys::HAS_BLAS_SWITCH || !ffi::blas_select(name) {
-        return Err(Error::Invalid { op: "select_blas", message: format!("{name} BLAS cannot be loaded in this build/process") });
+        return Err(Error::Invalid {
+            op: "select_blas",
+            message: format!("{name} BLAS cannot be loaded in this build/process"),
+        });
     }
     Ok(())
 }
@@ -152,5 +155,11 @@ pub struct RuntimeInfo {
 
 /// Collects [`RuntimeInfo`].
 pub fn info() -> RuntimeInfo {
-    RuntimeInfo { mlx_version: version(), device: default_device(), backend: backend(), blas: blas_info(), mlx_root: mlx_sys::MLX_ROOT }
+    RuntimeInfo {
+        mlx_version: version(),
+        device: default_device(),
+        backend: backend(),
+        blas: blas_info(),
+        mlx_root: mlx_sys::MLX_ROOT,
+    }
 }

@@ -20,4 +20,3 @@ fn f32_matmul_reaches_the_selected_blas() {
         assert!(blas_sgemm_calls() > before, "{blas:?}: matmul did not go through the switch");
     }
 }
-

@@ -112,12 +112,17 @@ fn gguf_tensors_and_metadata_match_gguf_py() {
         assert_eq!(w.dtype(), Dtype::Uint32);
         assert_eq!(w.shape(), vec![4, 64 * bits / 32]);
         let spec = mlx_core::quant::QuantSpec::new(32, bits).unwrap();
-        let dq = mlx_core::quant::dequantize(w, g.tensor(&format!("{name}.scales")).unwrap(), g.tensor(&format!("{name}.biases")).unwrap(), spec)
-            .unwrap()
-            .astype(Dtype::Float32)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let dq = mlx_core::quant::dequantize(
+            w,
+            g.tensor(&format!("{name}.scales")).unwrap(),
+            g.tensor(&format!("{name}.biases")).unwrap(),
+            spec,
+        )
+        .unwrap()
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
         let want = expected.get(&format!("{name}.weight")).unwrap().to_vec::<f32>().unwrap();
         let d = dq.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(d < 2e-3, "{name}: max diff {d}");

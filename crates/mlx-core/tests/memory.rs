@@ -16,7 +16,7 @@ fn dropping_arrays_returns_active_memory_to_baseline() {
         let d = c.matmul(&a).unwrap().sum(&[], false).unwrap();
         d.eval().unwrap();
         peak_seen = peak_seen.max(memory::active());
-        assert!(memory::active() >= baseline + 8 << 20, "round {round}: arrays are live");
+        assert!(memory::active() >= baseline + (8 << 20), "round {round}: arrays are live");
         drop((a, b, c, d));
         assert_eq!(memory::active(), baseline, "round {round}: memory not released");
     }

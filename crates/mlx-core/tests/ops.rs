@@ -166,6 +166,9 @@ fn full_zeros_ones() {
     let t = Array::full(&[2], -3.7, Dtype::Int32).unwrap();
     assert_eq!(i32s(&t), vec![-3, -3]);
 
+    let e = Array::full(&[-1], 1.0, Dtype::Float32).unwrap_err();
+    assert!(matches!(e, Error::Mlx { op: "full", .. }), "{e:?}");
+
     let empty = Array::zeros(&[0, 4], Dtype::Float32).unwrap();
     assert_eq!(empty.size(), 0);
     assert_eq!(empty.nbytes(), 0);
@@ -1044,7 +1047,11 @@ fn softmax_values() {
     );
     // Over axis 0. numpy: np.exp(M) / np.exp(M).sum(0, keepdims=True)
     let r = m23().softmax(&[0], false).unwrap();
-    assert_close(&f32s(&r), &[0.047_425_874, 0.047_425_874, 0.047_425_874, 0.952_574_1, 0.952_574_1, 0.952_574_1], 1e-6);
+    assert_close(
+        &f32s(&r),
+        &[0.047_425_874, 0.047_425_874, 0.047_425_874, 0.952_574_1, 0.952_574_1, 0.952_574_1],
+        1e-6,
+    );
     // Large logits and -inf entries do not produce NaN.
     let x = arr(&[1000., f32::NEG_INFINITY, 1000.], &[3]);
     assert_close(&f32s(&x.softmax(&[0], false).unwrap()), &[0.5, 0.0, 0.5], 1e-6);
@@ -1409,4 +1416,17 @@ fn bad_axes_are_errors_not_panics() {
     assert!(a.transpose(&[0]).is_err());
     let e = a.sum(&[2], false).unwrap_err();
     assert!(e.to_string().starts_with("sum: "), "{e}");
+}
+
+#[test]
+fn softmax_with_no_axes_normalizes_over_all_elements() {
+    let a = Array::from_slice(&[0f32, 0., 0., 0.], &[2, 2]).unwrap();
+    assert_eq!(a.softmax(&[], false).unwrap().to_vec::<f32>().unwrap(), vec![0.25; 4]);
+}
+
+#[test]
+fn reshape_error_names_the_input_shape() {
+    let a = Array::zeros(&[2, 3], Dtype::Float32).unwrap();
+    let msg = a.reshape(&[4]).unwrap_err().to_string();
+    assert!(msg.contains("[2, 3]") && msg.contains("(4)"), "{msg}");
 }

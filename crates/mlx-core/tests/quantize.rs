@@ -33,7 +33,12 @@ fn quantize_is_bit_identical_to_python_mlx() {
             let want = g.get(&format!("{}.{name}", c.key)).unwrap();
             assert_eq!(ours.shape(), want.shape(), "{} {name} shape", c.key);
             assert_eq!(ours.dtype(), want.dtype(), "{} {name} dtype", c.key);
-            assert!(ours.to_bytes().unwrap() == want.to_bytes().unwrap(), "{} {name}: bytes differ ({c:?})", c.key, c = (c.bits, c.group_size, &c.dtype));
+            assert!(
+                ours.to_bytes().unwrap() == want.to_bytes().unwrap(),
+                "{} {name}: bytes differ ({c:?})",
+                c.key,
+                c = (c.bits, c.group_size, &c.dtype)
+            );
         }
         let dq = q.dequantize().unwrap();
         let want = g.get(&format!("{}.dq", c.key)).unwrap();
@@ -82,7 +87,8 @@ fn quantized_matmul_matches_dequantize_then_matmul() {
                 // transpose = false: the quantized matrix is W^T, used as [K, N]; its rows
                 // (length N = 96) split into groups only for group size 32.
                 if 96 % gs == 0 {
-                    let wt = quant::quantize(&w.t().unwrap().contiguous().unwrap(), QuantSpec::new(gs, bits).unwrap()).unwrap();
+                    let wt = quant::quantize(&w.t().unwrap().contiguous().unwrap(), QuantSpec::new(gs, bits).unwrap())
+                        .unwrap();
                     let y2 = quant::quantized_matmul(&x, &wt.weight, &wt.scales, &wt.biases, false, wt.spec).unwrap();
                     assert_eq!(y2.shape(), vec![rows, 96]);
                     let r2 = x.matmul(&wt.dequantize().unwrap()).unwrap();

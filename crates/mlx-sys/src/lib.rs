@@ -185,8 +185,7 @@ pub mod ffi {
         fn split_sections(a: &MxArray, indices: &[i32], axis: i32) -> Result<UniquePtr<ArrayList>>;
         fn take(a: &MxArray, indices: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
         fn take_along_axis(a: &MxArray, indices: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
-        fn put_along_axis(a: &MxArray, indices: &MxArray, values: &MxArray, axis: i32)
-        -> Result<UniquePtr<MxArray>>;
+        fn put_along_axis(a: &MxArray, indices: &MxArray, values: &MxArray, axis: i32) -> Result<UniquePtr<MxArray>>;
         fn contiguous(a: &MxArray) -> Result<UniquePtr<MxArray>>;
         fn reduce(op: ReduceOp, a: &MxArray, axes: &[i32], keepdims: bool) -> Result<UniquePtr<MxArray>>;
         fn arg_reduce(op: ReduceOp, a: &MxArray, axis: i32, keepdims: bool) -> Result<UniquePtr<MxArray>>;
@@ -251,8 +250,13 @@ pub mod ffi {
             dtype: Dtype,
             key: &MxArray,
         ) -> Result<UniquePtr<MxArray>>;
-        fn random_normal(shape: &[i32], dtype: Dtype, loc: f32, scale: f32, key: &MxArray)
-        -> Result<UniquePtr<MxArray>>;
+        fn random_normal(
+            shape: &[i32],
+            dtype: Dtype,
+            loc: f32,
+            scale: f32,
+            key: &MxArray,
+        ) -> Result<UniquePtr<MxArray>>;
         fn random_categorical(logits: &MxArray, axis: i32, key: &MxArray) -> Result<UniquePtr<MxArray>>;
 
         fn eval(arrays: &ArrayList) -> Result<()>;
