@@ -3,8 +3,22 @@
 //! rollback, the llama / qwen2 / qwen3 forward passes with hidden-state taps, the
 //! tokenizer and chat template, and the import of GGUF files into that layout.
 
+pub mod cache;
+pub mod config;
 mod error;
+pub mod generate;
 pub mod gguf_import;
+pub mod layers;
+mod model;
+pub mod sampling;
 pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
 
+pub use cache::{KvCache, LayerCache, ModelCache};
+pub use config::{ModelConfig, QuantizationConfig};
 pub use error::{Error, Result};
+pub use generate::{GenerateParams, GenerationStats, generate};
+pub use model::{LoadOptions, load_model};
+pub use sampling::Sampler;
+pub use transformer::{Family, ForwardOutput, Transformer};

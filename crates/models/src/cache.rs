@@ -1,0 +1,148 @@
+//! KV caches. A decoder layer's cache stores its keys and values `[B, H_kv, T, D]` and the
+//! number of positions written (`offset`). Speculative decoding appends a verify window and
+//! then rolls back the rejected part with [`LayerCache::trim`], which must be exact.
+use mlx_core::{Array, Dtype, concatenate};
+
+use crate::Result;
+
+/// The interface a decoder layer needs from its cache. A sliding-window (rotating) cache
+/// implements it too, reporting through [`LayerCache::can_trim`] when a rollback is no
+/// longer exact.
+pub trait LayerCache {
+    /// Positions written so far (the absolute position of the next token).
+    fn offset(&self) -> usize;
+    /// Appends `keys`/`values` `[B, H_kv, L, D]` and returns everything the new queries may
+    /// attend to, `[B, H_kv, offset + L, D]` for a full cache.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mlx`] on mismatched shapes.
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// Whether the last `n` positions can be removed exactly.
+    fn can_trim(&self, n: usize) -> bool;
+    /// Removes the last `min(n, offset)` positions and returns how many it removed.
+    fn trim(&mut self, n: usize) -> usize;
+    /// The arrays holding the state (to evaluate after a prefill).
+    fn state(&self) -> Vec<Array>;
+}
+
+/// mlx-lm's `KVCache`: a buffer grown in steps of [`KvCache::STEP`] positions; writes go
+/// in place with `slice_update`, and `trim` only moves `offset` back (stale rows past
+/// `offset` are overwritten by the next write and never read).
+#[derive(Debug, Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+}
+
+impl KvCache {
+    /// Growth step in positions (mlx-lm's `KVCache.step`).
+    pub const STEP: usize = 256;
+
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn capacity(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.shape()[2] as usize)
+    }
+
+    fn grow(&mut self, keys: &Array, values: &Array, needed: usize) -> Result<()> {
+        let (ks, vs) = (keys.shape(), values.shape());
+        let steps = (Self::STEP + ks[2] as usize - 1) / Self::STEP;
+        let extra = (steps * Self::STEP) as i32;
+        let zeros = |s: &[i32], d: Dtype| Array::zeros(&[s[0], s[1], extra, s[3]], d);
+        let (nk, nv) = (zeros(&ks, keys.dtype())?, zeros(&vs, values.dtype())?);
+        let off = self.offset as i32;
+        let (k, v) = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) => {
+                let (k, v) = if self.offset < k.shape()[2] as usize {
+                    (k.slice_axis(2, 0, off)?, v.slice_axis(2, 0, off)?)
+                } else {
+                    (k, v)
+                };
+                (concatenate(&[&k, &nk], 2)?, concatenate(&[&v, &nv], 2)?)
+            }
+            _ => (nk, nv),
+        };
+        debug_assert!(k.shape()[2] as usize >= needed);
+        self.keys = Some(k);
+        self.values = Some(v);
+        Ok(())
+    }
+}
+
+impl LayerCache for KvCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let l = keys.shape()[2] as usize;
+        let prev = self.offset;
+        if self.keys.is_none() || prev + l > self.capacity() {
+            self.grow(keys, values, prev + l)?;
+        }
+        let (k, v) = (self.keys.take().expect("grown"), self.values.take().expect("grown"));
+        let ks = k.shape();
+        let vs = v.shape();
+        let (lo, hi) = (prev as i32, (prev + l) as i32);
+        let k = k.slice_update(keys, &[0, 0, lo, 0], &[ks[0], ks[1], hi, ks[3]], &[1, 1, 1, 1])?;
+        let v = v.slice_update(values, &[0, 0, lo, 0], &[vs[0], vs[1], hi, vs[3]], &[1, 1, 1, 1])?;
+        self.offset = prev + l;
+        let out = (k.slice_axis(2, 0, hi)?, v.slice_axis(2, 0, hi)?);
+        self.keys = Some(k);
+        self.values = Some(v);
+        Ok(out)
+    }
+
+    fn can_trim(&self, _n: usize) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        n
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+}
+
+/// The caches of all decoder layers of one request.
+pub struct ModelCache {
+    /// One cache per decoder layer.
+    pub layers: Vec<Box<dyn LayerCache>>,
+}
+
+impl ModelCache {
+    /// Full (non-rotating) caches for `n` layers.
+    pub fn full(n: usize) -> Self {
+        ModelCache { layers: (0..n).map(|_| Box::new(KvCache::new()) as Box<dyn LayerCache>).collect() }
+    }
+
+    /// Positions written (all layers agree).
+    pub fn offset(&self) -> usize {
+        self.layers.first().map_or(0, |c| c.offset())
+    }
+
+    /// Whether every layer can drop its last `n` positions exactly.
+    pub fn can_trim(&self, n: usize) -> bool {
+        self.layers.iter().all(|c| c.can_trim(n))
+    }
+
+    /// Drops the last `n` positions of every layer; returns the count removed (the minimum
+    /// over layers, which equals `min(n, offset)` for consistent caches). Callers compare it
+    /// with `n`: a smaller value means the rollback was not exact.
+    pub fn trim(&mut self, n: usize) -> usize {
+        self.layers.iter_mut().map(|c| c.trim(n)).min().unwrap_or(0)
+    }
+
+    /// The arrays holding every layer's state.
+    pub fn state(&self) -> Vec<Array> {
+        self.layers.iter().flat_map(|c| c.state()).collect()
+    }
+}

@@ -1,0 +1,38 @@
+//! Loading a model directory (mlx-lm layout) into a [`Transformer`].
+use std::path::Path;
+
+use mlx_core::Dtype;
+
+use crate::Result;
+use crate::config::{ModelConfig, QuantizationConfig, config_path};
+use crate::layers::LoadContext;
+use crate::transformer::Transformer;
+use crate::weights::Weights;
+
+/// Options for [`load_model`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Compute dtype for dense weights, norms and quantization scales (`None` = as stored,
+    /// which is what mlx-lm does; `Some(Float32)` is the fast choice on the CPU backend).
+    pub dtype: Option<Dtype>,
+}
+
+/// Loads `dir` (`config.json` + safetensors weights, dense or quantized per the config's
+/// `quantization` block).
+///
+/// # Errors
+/// [`crate::Error::Io`]/[`crate::Error::Json`] for an unreadable config,
+/// [`crate::Error::Unsupported`] for an unknown `model_type`, [`crate::Error::Weight`] for a
+/// missing or misshapen tensor (leftover tensors are logged at debug level).
+pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<Transformer> {
+    let config = ModelConfig::from_dir(dir)?;
+    let quant = QuantizationConfig::from_config(&config, &config_path(dir))?;
+    let mut weights = Weights::load(dir)?;
+    let ctx = LoadContext { quant, dtype: options.dtype };
+    let model = Transformer::build(config, &mut weights, &ctx)?;
+    let unused = weights.unused();
+    if !unused.is_empty() {
+        tracing::debug!(dir = %dir.display(), ?unused, "tensors not used by the model");
+    }
+    Ok(model)
+}

@@ -1,0 +1,330 @@
+//! The decoder-only transformer shared by the llama, qwen2 and qwen3 families, following
+//! mlx-lm's `models/llama.py`, `qwen2.py` and `qwen3.py`:
+//!
+//! ```text
+//! h = embed(tokens)                                  [B, L, H]
+//! for each layer:
+//!     h = h + o_proj(attn(rope(q), rope(k), v))      pre-norm: input_layernorm
+//!     h = h + down(silu(gate(x)) * up(x))            pre-norm: post_attention_layernorm
+//! logits = lm_head(norm(h))                          [B, L, V]
+//! ```
+//! qwen2 adds biases to q/k/v; qwen3 applies an RMS norm to each query and key head before
+//! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
+//! with the causal mask aligned to the end, GQA by head grouping).
+use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
+use mlx_core::{Array, Dtype};
+use serde_json::Value;
+
+use crate::cache::{LayerCache, ModelCache};
+use crate::config::{ModelConfig, config_path};
+use crate::layers::{Embedding, Linear, LoadContext, RmsNorm};
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// Which family's variations apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Llama / SmolLM2: optional biases per `attention_bias` / `mlp_bias`.
+    Llama,
+    /// Qwen2 / Qwen2.5: q/k/v biases.
+    Qwen2,
+    /// Qwen3: per-head q/k RMS norms, no biases.
+    Qwen3,
+}
+
+impl Family {
+    /// The family of `model_type`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the model type.
+    pub fn from_model_type(t: &str) -> Result<Self> {
+        match t {
+            "llama" => Ok(Family::Llama),
+            "qwen2" => Ok(Family::Qwen2),
+            "qwen3" => Ok(Family::Qwen3),
+            other => Err(Error::Unsupported(format!("model_type `{other}` (supported: llama, qwen2, qwen3)"))),
+        }
+    }
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+/// A loaded llama / qwen2 / qwen3 decoder.
+pub struct Transformer {
+    /// The configuration it was built from.
+    pub config: ModelConfig,
+    /// The family.
+    pub family: Family,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    rope: Rope,
+}
+
+/// What a forward pass returns.
+pub struct ForwardOutput {
+    /// Logits `[B, L, V]` (in the compute dtype).
+    pub logits: Array,
+    /// Hidden states `[B, L, H]` after each requested decoder layer, in the order asked.
+    pub taps: Vec<Array>,
+}
+
+fn rope_for(cfg: &ModelConfig, dir: &std::path::Path) -> Result<Rope> {
+    let dims = cfg.head_dim() as i32;
+    let base = cfg.rope_base();
+    let mut rope = Rope { dims, traditional: cfg.rope_traditional, base, scale: 1.0, freqs: None };
+    let scaling = cfg.rope_scaling.as_ref().filter(|v| !v.is_null());
+    let Some(s) = scaling else { return Ok(rope) };
+    let kind = s.get("type").or_else(|| s.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+    let factor = s.get("factor").and_then(Value::as_f64);
+    let bad = |m: &str| Error::Config { path: config_path(dir), field: "rope_scaling".into(), message: m.into() };
+    match kind {
+        "default" => {}
+        "linear" => rope.scale = 1.0 / factor.ok_or_else(|| bad("linear scaling needs `factor`"))? as f32,
+        "llama3" => {
+            // Llama 3.1 frequency smoothing (mlx-lm `Llama3RoPE`).
+            let factor = factor.ok_or_else(|| bad("llama3 scaling needs `factor`"))?;
+            let low = s.get("low_freq_factor").and_then(Value::as_f64).unwrap_or(1.0);
+            let high = s.get("high_freq_factor").and_then(Value::as_f64).unwrap_or(4.0);
+            let old = s.get("original_max_position_embeddings").and_then(Value::as_f64).unwrap_or(8192.0);
+            let (low_wl, high_wl) = (old / low, old / high);
+            let freqs: Vec<f32> = (0..dims / 2)
+                .map(|i| {
+                    let f = (base as f64).powf(2.0 * i as f64 / dims as f64);
+                    let wl = 2.0 * std::f64::consts::PI * f;
+                    let f = if wl > low_wl { f * factor } else { f };
+                    if wl > high_wl && wl < low_wl {
+                        let smooth = (old / wl - low) / (high - low);
+                        (f / ((1.0 - smooth) / factor + smooth)) as f32
+                    } else {
+                        f as f32
+                    }
+                })
+                .collect();
+            rope.freqs = Some(Array::from_slice(&freqs, &[dims / 2])?);
+        }
+        other => {
+            return Err(Error::Unsupported(format!("rope_scaling type `{other}` in {}", config_path(dir).display())));
+        }
+    }
+    Ok(rope)
+}
+
+impl Transformer {
+    /// Builds the decoder from `config` and `weights` (consumed by name).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for another model type; [`Error::Weight`] for a missing or
+    /// misshapen tensor; [`Error::Config`] for inconsistent quantization entries.
+    pub fn build(config: ModelConfig, weights: &mut Weights, ctx: &LoadContext) -> Result<Self> {
+        let family = Family::from_model_type(&config.model_type)?;
+        let c = &config;
+        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+        let qkv_bias = family == Family::Qwen2 || c.attention_bias;
+        let o_bias = family == Family::Llama && c.attention_bias;
+        let mlp_bias = family == Family::Llama && c.mlp_bias;
+        let mut blocks = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let head_norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
+                if family == Family::Qwen3 {
+                    Ok(Some(RmsNorm::load(w, ctx, &format!("{a}.{n}"), hd, c.rms_norm_eps)?))
+                } else {
+                    Ok(None)
+                }
+            };
+            let attn = Attention {
+                q_proj: Linear::load(weights, ctx, &format!("{a}.q_proj"), nh * hd, h, qkv_bias)?,
+                k_proj: Linear::load(weights, ctx, &format!("{a}.k_proj"), nkv * hd, h, qkv_bias)?,
+                v_proj: Linear::load(weights, ctx, &format!("{a}.v_proj"), nkv * hd, h, qkv_bias)?,
+                o_proj: Linear::load(weights, ctx, &format!("{a}.o_proj"), h, nh * hd, o_bias)?,
+                q_norm: head_norm(weights, "q_norm")?,
+                k_norm: head_norm(weights, "k_norm")?,
+                n_heads: nh as i32,
+                n_kv_heads: nkv as i32,
+                head_dim: hd as i32,
+                scale: (hd as f32).powf(-0.5),
+            };
+            let m = format!("{p}.mlp");
+            let mlp = Mlp {
+                gate_proj: Linear::load(weights, ctx, &format!("{m}.gate_proj"), c.intermediate_size, h, mlp_bias)?,
+                up_proj: Linear::load(weights, ctx, &format!("{m}.up_proj"), c.intermediate_size, h, mlp_bias)?,
+                down_proj: Linear::load(weights, ctx, &format!("{m}.down_proj"), h, c.intermediate_size, mlp_bias)?,
+            };
+            blocks.push(Block {
+                attn,
+                mlp,
+                input_layernorm: RmsNorm::load(weights, ctx, &format!("{p}.input_layernorm"), h, c.rms_norm_eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    weights,
+                    ctx,
+                    &format!("{p}.post_attention_layernorm"),
+                    h,
+                    c.rms_norm_eps,
+                )?,
+            });
+        }
+        let embed = Embedding::load(weights, ctx, "model.embed_tokens", c.vocab_size, h)?;
+        let norm = RmsNorm::load(weights, ctx, "model.norm", h, c.rms_norm_eps)?;
+        let lm_head = if c.tied_embeddings() {
+            // mlx-lm's sanitize drops a stored lm_head when embeddings are tied.
+            for s in ["weight", "scales", "biases"] {
+                weights.take_opt(&format!("lm_head.{s}"));
+            }
+            None
+        } else {
+            Some(Linear::load(weights, ctx, "lm_head", c.vocab_size, h, false)?)
+        };
+        let rope = rope_for(c, weights.dir())?;
+        Ok(Transformer { family, embed, blocks, norm, lm_head, rope, config })
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// A fresh cache for one request.
+    pub fn make_cache(&self) -> ModelCache {
+        ModelCache::full(self.blocks.len())
+    }
+
+    /// The final hidden states `[B, L, H]` (after the last norm) plus the taps.
+    fn hidden(&self, tokens: &Array, cache: &mut ModelCache, taps: &[usize]) -> Result<(Array, Vec<Array>)> {
+        if cache.layers.len() != self.blocks.len() {
+            return Err(Error::Unsupported(format!(
+                "a cache of {} layers for a model of {}",
+                cache.layers.len(),
+                self.blocks.len()
+            )));
+        }
+        if let Some(&bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
+            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", self.blocks.len())));
+        }
+        let mut h = self.embed.forward(tokens)?;
+        let mut tapped = vec![None; taps.len()];
+        for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+            h = block.forward(&h, layer_cache.as_mut(), &self.rope)?;
+            for (slot, _) in taps.iter().enumerate().filter(|(_, t)| **t == i) {
+                tapped[slot] = Some(h.clone());
+            }
+        }
+        Ok((self.norm.forward(&h)?, tapped.into_iter().map(|t| t.expect("every tap is < num_layers")).collect()))
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(h),
+            None => self.embed.as_linear(h),
+        }
+    }
+
+    /// `tokens [B, L]` (int32/uint32 ids) -> logits `[B, L, V]`, appending `L` positions to
+    /// `cache`. Lazy: evaluate the result (or part of it) to compute.
+    ///
+    /// # Errors
+    /// [`Error::Mlx`] on shape problems; [`Error::Unsupported`] for a cache of another model.
+    pub fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
+        let (h, _) = self.hidden(tokens, cache, &[])?;
+        self.head(&h)
+    }
+
+    /// [`Transformer::forward`] that also returns the residual stream after the decoder
+    /// layers `taps` (0-based: tap `i` is the output of layer `i`, HF's `hidden_states[i + 1]`),
+    /// each `[B, L, H]`. The logits are the same graph as without taps.
+    ///
+    /// # Errors
+    /// As [`Transformer::forward`], and [`Error::Unsupported`] for a tap `>= num_layers`.
+    pub fn forward_with_taps(&self, tokens: &Array, cache: &mut ModelCache, taps: &[usize]) -> Result<ForwardOutput> {
+        let (h, taps) = self.hidden(tokens, cache, taps)?;
+        Ok(ForwardOutput { logits: self.head(&h)?, taps })
+    }
+
+    /// Runs `tokens [B, L]` through the layers to fill `cache` without computing logits
+    /// (the LM head over a long prompt is skipped), and evaluates the cache.
+    ///
+    /// # Errors
+    /// As [`Transformer::forward`].
+    pub fn prefill(&self, tokens: &Array, cache: &mut ModelCache) -> Result<()> {
+        self.hidden(tokens, cache, &[])?;
+        let state = cache.state();
+        mlx_core::eval(&state.iter().collect::<Vec<_>>())?;
+        Ok(())
+    }
+
+    /// The compute dtype of the activations (the embedding's output dtype).
+    pub fn dtype(&self) -> Dtype {
+        match &self.embed {
+            Embedding::Dense(w) => w.dtype(),
+            Embedding::Quantized(q) => q.scales.dtype(),
+        }
+    }
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
+        let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope)?;
+        let h = x.add(&r)?;
+        let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(h.add(&r)?)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let g = self.gate_proj.forward(x)?;
+        let silu = g.multiply(&g.sigmoid()?)?;
+        self.down_proj.forward(&silu.multiply(&self.up_proj.forward(x)?)?)
+    }
+}
+
+impl Attention {
+    fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, l, n, self.head_dim])?;
+            let y = match norm {
+                Some(nrm) => nrm.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let q = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let offset = cache.offset() as i32;
+        let q = rope.apply(&q, offset)?;
+        let k = rope.apply(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
+        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
