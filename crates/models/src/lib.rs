@@ -5,6 +5,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod default_model;
 mod error;
 pub mod generate;
 pub mod gguf_import;

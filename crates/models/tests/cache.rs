@@ -49,7 +49,10 @@ enum Op {
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    prop::collection::vec(prop_oneof![3 => (1usize..40).prop_map(Op::Write), 1 => (0usize..50).prop_map(Op::Trim)], 1..30)
+    prop::collection::vec(
+        prop_oneof![3 => (1usize..40).prop_map(Op::Write), 1 => (0usize..50).prop_map(Op::Trim)],
+        1..30,
+    )
 }
 
 proptest! {

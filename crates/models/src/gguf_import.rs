@@ -1,1 +1,0 @@
-//! GGUF import (in progress).

