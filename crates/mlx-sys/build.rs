@@ -85,10 +85,11 @@ fn find_mlx() -> PathBuf {
     if let Ok(dir) = env::var("MLX_DIR") {
         let p = PathBuf::from(&dir);
         if !is_mlx_root(&p) {
-            fail(&format!(
-                "MLX_DIR={dir} has no include/mlx/mlx.h and lib/libmlx.so (expected the `mlx` \
-                 directory of an unpacked mlx-cpu wheel or a CMake install prefix)"
-            ));
+            fail(
+                &format!("MLX_DIR={dir} has no include/mlx/mlx.h and lib/libmlx.so"),
+                "expected the `mlx` directory of an unpacked mlx-cpu wheel or a CMake install prefix; \
+                 unset MLX_DIR to let the build find or download MLX",
+            );
         }
         return p;
     }
@@ -118,7 +119,9 @@ fn backend_package() -> &'static str {
         "cuda12" => "mlx-cuda-12",
         "cuda13" => "mlx-cuda-13",
         "metal" => "mlx",
-        other => fail(&format!("MLX_BACKEND={other} is not one of cpu, cuda12, cuda13, metal")),
+        other => {
+            fail(&format!("MLX_BACKEND={other} is not one of cpu, cuda12, cuda13, metal"), "unset it for the default")
+        }
     }
 }
 
@@ -135,38 +138,62 @@ fn cache_dir() -> PathBuf {
     }
 }
 
+/// Removes a staging directory when the download fails part-way.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Downloads and unpacks the pinned wheel once; later builds reuse the unpacked copy.
 fn download_wheel() -> PathBuf {
     let pkg = backend_package();
-    let dest = cache_dir().join(format!("{pkg}-{MLX_VERSION}"));
+    let cache = cache_dir();
+    let dest = cache.join(format!("{pkg}-{MLX_VERSION}"));
     let root = dest.join("mlx");
     if is_mlx_root(&root) {
         return root;
     }
+    let cache_hint = "MLX_SPEC_CACHE chooses another cache directory";
     let py = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
-    let staging = dest.with_extension(format!("partial-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging).unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", staging.display())));
-    println!("cargo:warning=mlx-sys: downloading {pkg}=={MLX_VERSION} into {}", dest.display());
-    run(Command::new(&py)
-        .args(["-m", "pip", "download", "--quiet", "--no-deps"])
-        .args(["--only-binary=:all:", &format!("{pkg}=={MLX_VERSION}"), "-d"])
-        .arg(&staging));
-    let wheel = fs::read_dir(&staging)
+    let staging = Staging(cache.join(format!("{pkg}-{MLX_VERSION}.partial-{}", std::process::id())));
+    let _ = fs::remove_dir_all(&staging.0);
+    fs::create_dir_all(&staging.0)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", staging.0.display()), cache_hint));
+    // stderr of a build script shows with `cargo build -vv`; a cargo:warning would be
+    // replayed on every later build even though nothing is downloaded then.
+    eprintln!("mlx-sys: downloading {pkg}=={MLX_VERSION} into {}", dest.display());
+    let pip_hint = "set MLX_DIR to an unpacked MLX wheel, or make `python3 -m pip download` work";
+    run(
+        Command::new(&py)
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
+            .arg(format!("{pkg}=={MLX_VERSION}"))
+            .arg("-d")
+            .arg(&staging.0),
+        pip_hint,
+    );
+    let wheel = fs::read_dir(&staging.0)
         .ok()
         .and_then(|rd| rd.filter_map(Result::ok).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "whl")))
-        .unwrap_or_else(|| fail(&format!("pip left no .whl in {}", staging.display())));
-    run(Command::new(&py).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging));
+        .unwrap_or_else(|| fail(&format!("pip left no .whl in {}", staging.0.display()), pip_hint));
+    run(Command::new(&py).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging.0), pip_hint);
     let _ = fs::remove_file(&wheel);
-    if !is_mlx_root(&staging.join("mlx")) {
-        fail(&format!("{} does not contain mlx/include/mlx/mlx.h and mlx/lib/libmlx.*", wheel.display()));
+    if !is_mlx_root(&staging.0.join("mlx")) {
+        fail(&format!("{} does not contain mlx/include/mlx/mlx.h and mlx/lib/libmlx.*", wheel.display()), pip_hint);
+    }
+    // A leftover incomplete copy (an interrupted older layout) is ours to replace.
+    if dest.exists() && !is_mlx_root(&root) {
+        fs::remove_dir_all(&dest).unwrap_or_else(|e| {
+            fail(&format!("cannot remove the incomplete {}: {e}", dest.display()), "delete it by hand")
+        });
     }
     // Atomic publish: a concurrent build may have won the race; either copy is fine.
-    if fs::rename(&staging, &dest).is_err() {
-        let _ = fs::remove_dir_all(&staging);
-    }
-    if !is_mlx_root(&root) {
-        fail(&format!("could not place the unpacked wheel at {}", dest.display()));
+    if let Err(e) = fs::rename(&staging.0, &dest)
+        && !is_mlx_root(&root)
+    {
+        fail(&format!("cannot move the unpacked wheel to {}: {e}", dest.display()), cache_hint);
     }
     root
 }
@@ -192,22 +219,20 @@ fn bundled_blas(root: &Path) -> Option<PathBuf> {
     })
 }
 
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| fail(&format!("cannot run {cmd:?}: {e}")));
+fn run(cmd: &mut Command, hint: &str) {
+    let out = cmd.output().unwrap_or_else(|e| fail(&format!("cannot run {cmd:?}: {e}"), hint));
     if !out.status.success() {
-        fail(&format!(
+        let msg = format!(
             "{cmd:?} failed ({}):\n{}{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        ));
+        );
+        fail(&msg, hint);
     }
 }
 
-fn fail(msg: &str) -> ! {
-    eprintln!("mlx-sys: {msg}");
-    panic!(
-        "mlx-sys: {msg}\n(set MLX_DIR to an MLX install, or make `python3 -m pip` work so the \
-         pinned wheel can be downloaded)"
-    )
+/// Stops the build with one message and a hint that fits the failure.
+fn fail(msg: &str, hint: &str) -> ! {
+    panic!("mlx-sys: {msg}\n({hint})")
 }

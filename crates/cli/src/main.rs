@@ -123,26 +123,26 @@ fn info(json: bool) -> Result<()> {
     let check = a.matmul(&a)?.to_vec::<f32>()?;
     anyhow::ensure!(check == [7., 10., 15., 22.], "MLX computed a wrong 2x2 matmul: {check:?}");
     let i = mlx_core::info();
+    let mut out = std::io::stdout().lock();
     if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "mlx_version": i.mlx_version,
-                "device": i.device,
-                "backend": i.backend.to_string(),
-                "blas": i.blas,
-                "mlx_root": i.mlx_root,
-                "mlx_spec_version": env!("CARGO_PKG_VERSION"),
-            })
-        );
+        let v = serde_json::json!({
+            "mlx_version": i.mlx_version,
+            "device": i.device,
+            "backend": i.backend.to_string(),
+            "blas": i.blas,
+            "mlx_root": i.mlx_root,
+            "mlx_spec_version": env!("CARGO_PKG_VERSION"),
+        });
+        writeln!(out, "{v}")?;
     } else {
-        println!("mlx-spec   {}", env!("CARGO_PKG_VERSION"));
-        println!("mlx        {}", i.mlx_version);
-        println!("device     {}", i.device);
-        println!("backend    {}", i.backend);
-        println!("blas       {}", i.blas);
-        println!("libmlx     {}", i.mlx_root);
+        writeln!(out, "mlx-spec   {}", env!("CARGO_PKG_VERSION"))?;
+        writeln!(out, "mlx        {}", i.mlx_version)?;
+        writeln!(out, "device     {}", i.device)?;
+        writeln!(out, "backend    {}", i.backend)?;
+        writeln!(out, "blas       {}", i.blas)?;
+        writeln!(out, "libmlx     {}", i.mlx_root)?;
     }
+    out.flush().context("writing to stdout")?;
     Ok(())
 }
 

@@ -72,13 +72,12 @@ impl Array {
     /// [`Error::Shape`] when `data.len()` is not `prod(shape) * dtype.size()`.
     pub fn from_bytes(data: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
         let n = checked_numel("from_bytes", shape)?;
-        if n * dtype.size() != data.len() {
-            return Err(Error::Shape {
-                op: "from_bytes",
-                shape: shape.to_vec(),
-                expected: n * dtype.size(),
-                found: data.len(),
-            });
+        let bytes = n.checked_mul(dtype.size()).ok_or_else(|| Error::Invalid {
+            op: "from_bytes",
+            message: format!("shape {shape:?} of {dtype} overflows the address space"),
+        })?;
+        if bytes != data.len() {
+            return Err(Error::Shape { op: "from_bytes", shape: shape.to_vec(), expected: bytes, found: data.len() });
         }
         wrap("from_bytes", ffi::from_bytes(data, shape, dtype.to_ffi()))
     }

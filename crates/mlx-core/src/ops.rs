@@ -224,8 +224,18 @@ impl Array {
     /// Same data, new shape (one dimension may be -1 and is inferred).
     ///
     /// # Errors
-    /// [`Error::Mlx`] when the element counts differ.
+    /// [`Error::Invalid`] for other negative sizes or several -1; [`Error::Mlx`] when the
+    /// element counts differ (the message names both shapes).
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
+        if shape.iter().any(|&d| d < -1) || shape.iter().filter(|&&d| d == -1).count() > 1 {
+            return Err(Error::Invalid {
+                op: "reshape",
+                message: format!(
+                    "shape {shape:?} may hold non-negative sizes and at most one -1 (input shape {:?})",
+                    self.shape()
+                ),
+            });
+        }
         wrap("reshape", ffi::reshape(self.raw(), shape)).map_err(|e| match e {
             Error::Mlx { op, message } => {
                 Error::Mlx { op, message: format!("{message} (input shape {:?})", self.shape()) }
@@ -283,12 +293,61 @@ impl Array {
         wrap("broadcast_to", ffi::broadcast_to(self.raw(), shape))
     }
 
-    /// `self[start[0]:stop[0]:strides[0], ...]` over all axes (one entry per axis).
+    /// `self[start[0]:stop[0]:strides[0], ...]` over all axes (one entry per axis; bounds are
+    /// clamped to the axis as in NumPy; strides are non-zero, negative ones walk backwards).
     ///
     /// # Errors
-    /// [`Error::Mlx`] when the vectors do not have one entry per axis.
+    /// [`Error::Invalid`] when the vectors do not have one entry per axis or a stride is 0.
     pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        self.check_slice("slice", start, stop, strides)?;
         wrap("slice", ffi::slice(self.raw(), start, stop, strides))
+    }
+
+    fn check_slice(&self, op: &'static str, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<()> {
+        let n = self.ndim();
+        if start.len() != n || stop.len() != n || strides.len() != n {
+            return Err(Error::Invalid {
+                op,
+                message: format!(
+                    "start/stop/strides need one entry per axis of shape {:?}, got {}/{}/{}",
+                    self.shape(),
+                    start.len(),
+                    stop.len(),
+                    strides.len()
+                ),
+            });
+        }
+        if strides.contains(&0) {
+            return Err(Error::Invalid { op, message: format!("strides {strides:?} contain 0") });
+        }
+        Ok(())
+    }
+
+    /// Checks that integer `indices` address `-dim .. dim` of `axis` (negative ones count
+    /// from the end, as in MLX; MLX's gather does not check, and an out-of-range index reads
+    /// or writes outside the buffer). Evaluates `indices`.
+    fn check_indices(&self, op: &'static str, indices: &Array, axis: i32) -> Result<()> {
+        let dt = indices.dtype();
+        if dt.is_float() || matches!(dt, Dtype::Bool | Dtype::Complex64) {
+            return Err(Error::Invalid { op, message: format!("indices must be integers, found {dt}") });
+        }
+        let n = self.dim(axis).map_err(|_| Error::Invalid {
+            op,
+            message: format!("axis {axis} is out of range for shape {:?}", self.shape()),
+        })? as f64;
+        if indices.size() == 0 {
+            return Ok(());
+        }
+        let lo = wrap(op, ffi::reduce(ReduceOp::Min, indices.raw(), &[], false))?.item()?;
+        let hi = wrap(op, ffi::reduce(ReduceOp::Max, indices.raw(), &[], false))?.item()?;
+        if lo < -n || hi >= n {
+            let bad = if lo < -n { lo } else { hi };
+            return Err(Error::Invalid {
+                op,
+                message: format!("index {bad} is out of range for axis {axis} of size {n} (shape {:?})", self.shape()),
+            });
+        }
+        Ok(())
     }
 
     /// `self[.., start..stop, ..]` along one axis (stride 1); negative bounds count from
@@ -321,31 +380,42 @@ impl Array {
     /// # Errors
     /// [`Error::Mlx`] when `update` does not broadcast to the slice.
     pub fn slice_update(&self, update: &Array, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        self.check_slice("slice_update", start, stop, strides)?;
         wrap("slice_update", ffi::slice_update(self.raw(), update.raw(), start, stop, strides))
     }
 
     /// Gathers entries along `axis` at `indices` (any integer dtype, any shape): the axis is
     /// replaced by the shape of `indices` (embedding lookup: `table.take(ids, 0)`).
     ///
+    /// Indices must lie in `-dim(axis) .. dim(axis)` (negative ones count from the end); they
+    /// are checked (which evaluates `indices`).
+    ///
     /// # Errors
-    /// [`Error::Mlx`] for an out-of-range axis or non-integer indices.
+    /// [`Error::Invalid`] for an out-of-range axis or index, or non-integer indices.
     pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
+        self.check_indices("take", indices, axis)?;
         wrap("take", ffi::take(self.raw(), indices.raw(), axis))
     }
 
-    /// `out[..., i, ...] = self[..., indices[..., i, ...], ...]` along `axis` (same rank).
+    /// `out[..., i, ...] = self[..., indices[..., i, ...], ...]` along `axis` (same rank;
+    /// integer indices in `-dim .. dim`, checked, which evaluates `indices`).
     ///
     /// # Errors
-    /// [`Error::Mlx`] when ranks differ.
+    /// [`Error::Invalid`] for an out-of-range or non-integer index; [`Error::Mlx`] when
+    /// ranks differ.
     pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
+        self.check_indices("take_along_axis", indices, axis)?;
         wrap("take_along_axis", ffi::take_along_axis(self.raw(), indices.raw(), axis))
     }
 
-    /// The inverse of [`Array::take_along_axis`]: writes `values` at `indices`.
+    /// The inverse of [`Array::take_along_axis`]: writes `values` at `indices` (integer, in
+    /// `-dim .. dim`, checked).
     ///
     /// # Errors
-    /// [`Error::Mlx`] when shapes do not match.
+    /// [`Error::Invalid`] for an out-of-range or non-integer index; [`Error::Mlx`] when
+    /// shapes do not match.
     pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        self.check_indices("put_along_axis", indices, axis)?;
         wrap("put_along_axis", ffi::put_along_axis(self.raw(), indices.raw(), values.raw(), axis))
     }
 

@@ -1430,3 +1430,34 @@ fn reshape_error_names_the_input_shape() {
     let msg = a.reshape(&[4]).unwrap_err().to_string();
     assert!(msg.contains("[2, 3]") && msg.contains("(4)"), "{msg}");
 }
+
+#[test]
+fn out_of_range_and_malformed_indices_are_errors_not_crashes() {
+    let a = Array::from_slice(&[1f32, 2., 3., 4.], &[4]).unwrap();
+    for bad in [vec![1_000_000_000i32], vec![4, 5, 100], vec![-5]] {
+        let idx = Array::from_slice(&bad, &[bad.len() as i32]).unwrap();
+        let e = a.take(&idx, 0).unwrap_err();
+        assert!(matches!(e, Error::Invalid { op: "take", .. }), "{e}");
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(a.take_along_axis(&idx, 0).is_err());
+        assert!(a.put_along_axis(&idx, &Array::zeros(&[bad.len() as i32], Dtype::Float32).unwrap(), 0).is_err());
+    }
+    let big = Array::from_slice(&[u32::MAX], &[1]).unwrap();
+    assert!(a.take(&big, 0).is_err());
+    let f = Array::from_slice(&[1.0f32], &[1]).unwrap();
+    assert!(a.take(&f, 0).unwrap_err().to_string().contains("integers"));
+    let ok = Array::from_slice(&[3i32, 0], &[2]).unwrap();
+    assert_eq!(a.take(&ok, 0).unwrap().to_vec::<f32>().unwrap(), vec![4., 1.]);
+}
+
+#[test]
+fn zero_strides_bad_shapes_and_overflow_are_errors() {
+    let a = Array::from_slice(&[1f32, 2., 3., 4.], &[4]).unwrap();
+    assert!(matches!(a.slice(&[0], &[4], &[0]), Err(Error::Invalid { .. })));
+    assert!(matches!(a.slice(&[0, 0], &[4, 1], &[1, 1]), Err(Error::Invalid { .. })));
+    assert!(matches!(a.slice_update(&a, &[0], &[4], &[0]), Err(Error::Invalid { .. })));
+    assert!(matches!(a.reshape(&[-2, -2]), Err(Error::Invalid { .. })));
+    assert!(matches!(a.reshape(&[-1, -1]), Err(Error::Invalid { .. })));
+    assert_eq!(a.reshape(&[2, -1]).unwrap().shape(), vec![2, 2]);
+    assert!(Array::from_bytes(&[], &[1 << 30, 1 << 30, 4], Dtype::Float32).is_err());
+}

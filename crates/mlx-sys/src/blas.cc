@@ -17,9 +17,13 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+
+extern "C" void cblas_sgemm(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                            float*, int);
 
 namespace {
 using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
@@ -35,8 +39,11 @@ struct Provider {
 // returns its cblas_sgemm, or nullptr when the library or the symbol is missing.
 Provider load(const std::string& name, const std::string& lib) {
   Provider p{name, lib, nullptr};
+  if (lib.empty()) return p;  // dlopen("") would return the executable itself
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h) p.sgemm = reinterpret_cast<sgemm_fn>(dlsym(h, "cblas_sgemm"));
+  // A library that resolves cblas_sgemm to this very switch would forward to itself forever.
+  if (p.sgemm == &cblas_sgemm) p.sgemm = nullptr;
   if (p.sgemm) {
     Dl_info info;
     if (dladdr(reinterpret_cast<void*>(p.sgemm), &info) && info.dli_fname) p.path = info.dli_fname;
@@ -63,7 +70,7 @@ void ensure_selected() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_sgemm.load(std::memory_order_relaxed)) return;
   const char* env = std::getenv("MLX_SPEC_BLAS");
-  std::string want = env ? env : "auto";
+  std::string want = env && *env ? env : "auto";
   Provider p;
   if (want == "reference") {
     p = reference();
@@ -71,6 +78,12 @@ void ensure_selected() {
     p = openblas();
   } else {
     p = load("custom", want);
+  }
+  if (!p.sgemm && want != "auto" && want != "reference") {
+    std::fprintf(stderr,
+                 "mlx-sys: MLX_SPEC_BLAS=%s: cannot load a cblas_sgemm from it; using the reference BLAS "
+                 "(expected openblas, reference, or the path of a CBLAS library)\n",
+                 want.c_str());
   }
   if (!p.sgemm) p = reference();
   if (!p.sgemm) std::abort();  // the wheel's own BLAS is a dependency of libmlx: cannot be missing
