@@ -7,6 +7,7 @@
 //!   BLAS, 4-bit vs f32 matvec) read from criterion's estimates.
 //! - `goldens`: regenerates the committed goldens with the pinned Python MLX in a venv.
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -17,6 +18,28 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(clap::Args)]
+struct BenchGenerateArgs {
+    /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` installed (the baseline).
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Model directories to compare on (default: the imported SmolLM2, quantized as in the GGUF).
+    #[arg(long)]
+    model: Vec<PathBuf>,
+    /// Compute dtypes to compare: `stored` and/or `float32`.
+    #[arg(long, default_values_t = vec!["float32".to_string(), "stored".to_string()])]
+    dtype: Vec<String>,
+    /// Runs per arm (interleaved).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// The user message (chat template applied on both sides).
+    #[arg(long, default_value = "Write a short story about a robot who learns to paint.")]
+    prompt: String,
 }
 
 #[derive(Subcommand)]
@@ -35,6 +58,9 @@ enum Cmd {
     },
     /// Regenerate fixtures/quantize and fixtures/gguf goldens with Python MLX 0.32.4.
     Goldens,
+    /// Plain generation speed, `mlx-spec generate` vs `mlx_lm` on the same model directory,
+    /// prompt and dtype, interleaved runs; prints medians and ratios.
+    BenchGenerate(BenchGenerateArgs),
 }
 
 fn main() -> Result<()> {
@@ -42,6 +68,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Bench { report_only } => bench(report_only),
         Cmd::Goldens => goldens(),
+        Cmd::BenchGenerate(args) => bench_generate(args),
     }
 }
 
@@ -141,6 +168,67 @@ fn goldens() -> Result<()> {
         let mut c = Command::new(&py);
         c.arg(root().join(script));
         run(c)?;
+    }
+    Ok(())
+}
+
+fn json_stats(out: &Output, what: &str) -> Result<serde_json::Value> {
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Both sides print the stats JSON as the last non-empty line of one stream.
+    let text = [&out.stderr, &out.stdout].map(|b| String::from_utf8_lossy(b).to_string()).join("\n");
+    let line = text.lines().rev().find(|l| l.trim_start().starts_with('{')).with_context(|| format!("{what}: no JSON stats"))?;
+    serde_json::from_str(line).with_context(|| format!("{what}: bad JSON {line}"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
+    let mut c = cargo();
+    c.args(["build", "--release", "-p", "mlx-spec"]);
+    run(c)?;
+    let bin = root().join("target/release/mlx-spec");
+    let script = root().join("xtask/scripts/mlx_lm_generate.py");
+    let models = if a.model.is_empty() {
+        let home = std::env::var("HOME").unwrap_or_default();
+        vec![PathBuf::from(home).join(".cache/mlx-spec/models/smollm2-135m-instruct")]
+    } else {
+        a.model.clone()
+    };
+    println!("{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}", "model / dtype", "", "ours pp", "mlx-lm pp", "ours tg", "mlx-lm tg", "pp x", "tg x");
+    for model in &models {
+        for dtype in &a.dtype {
+            let mut ours = (Vec::new(), Vec::new());
+            let mut base = (Vec::new(), Vec::new());
+            for i in 0..=a.runs {
+                let o = Command::new(&bin)
+                    .args(["generate", "--stats-json", "--max-tokens", &a.max_tokens.to_string(), "--dtype", dtype, "--prompt", &a.prompt, "--model"])
+                    .arg(model)
+                    .output()?;
+                let o = json_stats(&o, "mlx-spec generate")?;
+                let b = Command::new(&a.python)
+                    .arg(&script)
+                    .arg(model)
+                    .args([&a.prompt, &a.max_tokens.to_string(), dtype])
+                    .output()?;
+                let b = json_stats(&b, "mlx_lm")?;
+                // the first pair warms file caches and MLX's JIT-compiled CPU kernels: not counted
+                if i == 0 {
+                    continue;
+                }
+                ours.0.push(o["prompt_tps"].as_f64().unwrap_or(0.0));
+                ours.1.push(o["generation_tps"].as_f64().unwrap_or(0.0));
+                base.0.push(b["prompt_tps"].as_f64().unwrap_or(0.0));
+                base.1.push(b["generation_tps"].as_f64().unwrap_or(0.0));
+            }
+            let (op, og, bp, bg) = (median(ours.0), median(ours.1), median(base.0), median(base.1));
+            let name = model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            println!("{:<44} {:>8} {op:>10.1} {bp:>10.1} {og:>10.2} {bg:>10.2} {:>7.2} {:>7.2}", format!("{name} / {dtype}"), "tok/s", op / bp, og / bg);
+        }
     }
     Ok(())
 }
