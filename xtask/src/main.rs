@@ -7,8 +7,8 @@
 //!   BLAS, 4-bit vs f32 matvec) read from criterion's estimates.
 //! - `goldens`: regenerates the committed goldens with the pinned Python MLX in a venv.
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::process::Command;
+use std::process::Output;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -178,7 +178,11 @@ fn json_stats(out: &Output, what: &str) -> Result<serde_json::Value> {
     }
     // Both sides print the stats JSON as the last non-empty line of one stream.
     let text = [&out.stderr, &out.stdout].map(|b| String::from_utf8_lossy(b).to_string()).join("\n");
-    let line = text.lines().rev().find(|l| l.trim_start().starts_with('{')).with_context(|| format!("{what}: no JSON stats"))?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("{what}: no JSON stats"))?;
     serde_json::from_str(line).with_context(|| format!("{what}: bad JSON {line}"))
 }
 
@@ -199,14 +203,27 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     } else {
         a.model.clone()
     };
-    println!("{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}", "model / dtype", "", "ours pp", "mlx-lm pp", "ours tg", "mlx-lm tg", "pp x", "tg x");
+    println!(
+        "{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+        "model / dtype", "", "ours pp", "mlx-lm pp", "ours tg", "mlx-lm tg", "pp x", "tg x"
+    );
     for model in &models {
         for dtype in &a.dtype {
             let mut ours = (Vec::new(), Vec::new());
             let mut base = (Vec::new(), Vec::new());
             for i in 0..=a.runs {
                 let o = Command::new(&bin)
-                    .args(["generate", "--stats-json", "--max-tokens", &a.max_tokens.to_string(), "--dtype", dtype, "--prompt", &a.prompt, "--model"])
+                    .args([
+                        "generate",
+                        "--stats-json",
+                        "--max-tokens",
+                        &a.max_tokens.to_string(),
+                        "--dtype",
+                        dtype,
+                        "--prompt",
+                        &a.prompt,
+                        "--model",
+                    ])
                     .arg(model)
                     .output()?;
                 let o = json_stats(&o, "mlx-spec generate")?;
@@ -227,7 +244,13 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
             }
             let (op, og, bp, bg) = (median(ours.0), median(ours.1), median(base.0), median(base.1));
             let name = model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-            println!("{:<44} {:>8} {op:>10.1} {bp:>10.1} {og:>10.2} {bg:>10.2} {:>7.2} {:>7.2}", format!("{name} / {dtype}"), "tok/s", op / bp, og / bg);
+            println!(
+                "{:<44} {:>8} {op:>10.1} {bp:>10.1} {og:>10.2} {bg:>10.2} {:>7.2} {:>7.2}",
+                format!("{name} / {dtype}"),
+                "tok/s",
+                op / bp,
+                og / bg
+            );
         }
     }
     Ok(())

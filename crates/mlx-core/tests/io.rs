@@ -143,3 +143,29 @@ fn not_a_gguf_file_is_an_error() {
     let msg = Gguf::load(&p).unwrap_err().to_string();
     assert!(msg.contains("fake.gguf"), "{msg}");
 }
+
+#[test]
+fn safetensors_shorter_than_the_length_prefix_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny.safetensors");
+    std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
+    let e = load_safetensors(&tiny).unwrap_err();
+    assert!(matches!(e, Error::File { .. }));
+    let msg = e.to_string();
+    assert!(msg.contains("tiny.safetensors") && msg.contains("3 bytes") && msg.contains("too short"), "{msg}");
+}
+
+#[test]
+fn save_into_missing_directory_names_the_target_and_the_os_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("missing/x.safetensors");
+    let a = Array::scalar(1.0);
+    let msg = save_safetensors(&target, [("a", &a)], []).unwrap_err().to_string();
+    assert!(msg.starts_with(&target.display().to_string()), "{msg}");
+    assert!(msg.contains("No such file or directory") && !msg.contains(".tmp-"), "{msg}");
+    // A file where the directory should be.
+    std::fs::write(dir.path().join("file"), "x").unwrap();
+    let msg = save_safetensors(dir.path().join("file/x.safetensors"), [("a", &a)], []).unwrap_err().to_string();
+    assert!(msg.contains("is not a directory"), "{msg}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing left behind");
+}

@@ -135,7 +135,6 @@ pub mod ffi {
         type MxArray;
         type ArrayList;
         type ArrayMap;
-        type Gguf;
 
         fn list_new() -> UniquePtr<ArrayList>;
         fn list_push(l: Pin<&mut ArrayList>, a: &MxArray);
@@ -270,14 +269,6 @@ pub mod ffi {
 
         fn load_safetensors(path: &str) -> Result<UniquePtr<ArrayMap>>;
         fn save_safetensors(path: &str, m: &ArrayMap) -> Result<()>;
-        fn load_gguf(path: &str) -> Result<UniquePtr<Gguf>>;
-        fn gguf_tensor_names(g: &Gguf) -> Vec<String>;
-        fn gguf_tensor(g: &Gguf, name: &str) -> Result<UniquePtr<MxArray>>;
-        fn gguf_metadata_keys(g: &Gguf) -> Vec<String>;
-        fn gguf_metadata_kind(g: &Gguf, key: &str) -> Result<u8>;
-        fn gguf_metadata_string(g: &Gguf, key: &str) -> Result<String>;
-        fn gguf_metadata_strings(g: &Gguf, key: &str) -> Result<Vec<String>>;
-        fn gguf_metadata_array(g: &Gguf, key: &str) -> Result<UniquePtr<MxArray>>;
 
         fn version() -> String;
         fn default_device() -> String;

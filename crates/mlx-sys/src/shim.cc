@@ -77,7 +77,7 @@ size_t numel(const mx::Shape& s) {
   return n;
 }
 
-// A safetensors / GGUF load is lazy in MLX: run it on the caller's stream now so that a
+// A safetensors load is lazy in MLX: run it on the caller's stream now so that a
 // truncated or corrupt file surfaces as an error here, not at some later eval.
 void eval_all(const std::unordered_map<std::string, array>& m) {
   std::vector<array> v;
@@ -387,46 +387,6 @@ std::unique_ptr<ArrayMap> load_safetensors(rust::Str path) {
 }
 void save_safetensors(rust::Str path, const ArrayMap& m) {
   mx::save_safetensors(std::string(path), m.arrays, m.metadata);
-}
-std::unique_ptr<Gguf> load_gguf(rust::Str path) {
-  auto g = std::make_unique<Gguf>(Gguf{mx::load_gguf(std::string(path))});
-  eval_all(g->load.first);
-  return g;
-}
-rust::Vec<rust::String> gguf_tensor_names(const Gguf& g) {
-  rust::Vec<rust::String> v;
-  for (auto& [k, _] : g.load.first) v.push_back(rust::String::lossy(k));
-  return v;
-}
-std::unique_ptr<array> gguf_tensor(const Gguf& g, rust::Str name) {
-  auto it = g.load.first.find(std::string(name));
-  if (it == g.load.first.end()) throw std::out_of_range("no tensor named '" + std::string(name) + "'");
-  return box(it->second);
-}
-rust::Vec<rust::String> gguf_metadata_keys(const Gguf& g) {
-  rust::Vec<rust::String> v;
-  for (auto& [k, _] : g.load.second) v.push_back(rust::String::lossy(k));
-  return v;
-}
-static const mx::GGUFMetaData& gguf_meta(const Gguf& g, rust::Str key) {
-  auto it = g.load.second.find(std::string(key));
-  if (it == g.load.second.end()) throw std::out_of_range("no metadata key '" + std::string(key) + "'");
-  return it->second;
-}
-// 0 = none, 1 = array (numbers), 2 = string, 3 = list of strings (the variant's index).
-uint8_t gguf_metadata_kind(const Gguf& g, rust::Str key) {
-  return static_cast<uint8_t>(gguf_meta(g, key).index());
-}
-rust::String gguf_metadata_string(const Gguf& g, rust::Str key) {
-  return rust::String::lossy(std::get<std::string>(gguf_meta(g, key)));
-}
-rust::Vec<rust::String> gguf_metadata_strings(const Gguf& g, rust::Str key) {
-  rust::Vec<rust::String> v;
-  for (auto& s : std::get<std::vector<std::string>>(gguf_meta(g, key))) v.push_back(rust::String::lossy(s));
-  return v;
-}
-std::unique_ptr<array> gguf_metadata_array(const Gguf& g, rust::Str key) {
-  return box(std::get<array>(gguf_meta(g, key)));
 }
 
 // --- runtime information

@@ -35,10 +35,6 @@ struct ArrayMap {
   std::unordered_map<std::string, array> arrays;
   std::unordered_map<std::string, std::string> metadata;
 };
-// A loaded GGUF file: tensors plus typed metadata.
-struct Gguf {
-  mlx::core::GGUFLoad load;
-};
 
 // --- lists and maps
 std::unique_ptr<ArrayList> list_new();
@@ -138,14 +134,6 @@ size_t set_cache_limit(size_t limit);
 // --- IO
 std::unique_ptr<ArrayMap> load_safetensors(rust::Str path);
 void save_safetensors(rust::Str path, const ArrayMap& m);
-std::unique_ptr<Gguf> load_gguf(rust::Str path);
-rust::Vec<rust::String> gguf_tensor_names(const Gguf& g);
-std::unique_ptr<array> gguf_tensor(const Gguf& g, rust::Str name);
-rust::Vec<rust::String> gguf_metadata_keys(const Gguf& g);
-uint8_t gguf_metadata_kind(const Gguf& g, rust::Str key);
-rust::String gguf_metadata_string(const Gguf& g, rust::Str key);
-rust::Vec<rust::String> gguf_metadata_strings(const Gguf& g, rust::Str key);
-std::unique_ptr<array> gguf_metadata_array(const Gguf& g, rust::Str key);
 
 // --- runtime information
 rust::String version();

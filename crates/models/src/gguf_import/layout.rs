@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::reader::{GgufFile, MetaValue, TensorInfo};
 use crate::{Error, Result};
+use mlx_core::io::gguf::{GgufFile, MetaValue, TensorInfo};
 
 /// The architectures the importer maps (`general.architecture`).
 pub const ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];

@@ -1,13 +1,12 @@
 //! GGUF import: turns a llama.cpp GGUF file (llama or qwen2 architecture) into a model
 //! directory in the mlx-lm layout, so every other command reads one format.
 //!
-//! [`import_gguf`] is the entry point. The GGUF container is read by this module's own
-//! reader ([`reader`]), not by MLX's loader: MLX 0.32.4's `load_gguf` throws on Q5_0, Q5_1,
-//! Q3_K and Q5_K, returns wrong values for Q4_K (every odd 32-element sub-block), returns
-//! BF16 as f16 (lossy in range), silently drops TQ1_0 tensors and aborts the process on
-//! an f64 metadata value. The reader decodes F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0 and Q2_K..Q6_K; its dequantization matches gguf-py's and its affine triples for
-//! Q4_0/Q4_1/Q8_0 are bit-identical to MLX's loader (both tested).
+//! [`import_gguf`] is the entry point. The GGUF container is read by mlx-core's Rust reader
+//! ([`mlx_core::io::gguf`], re-exported here as [`reader`] and [`blocks`]) one tensor at a
+//! time. It decodes F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K; its
+//! dequantization matches gguf-py's and its affine triples for Q4_0/Q4_1/Q8_0 are
+//! bit-identical to MLX 0.32's own GGUF loader (both tested). Problems the reader finds in
+//! the file are reported as [`Error::Gguf`].
 //!
 //! # Weight formats
 //! - **Dense** (default): every tensor dequantized to f32 and stored as `dtype`
@@ -24,9 +23,12 @@
 //! Norms and biases are always dense. llama's Q/K rows are un-permuted (llama.cpp's
 //! converter permutes them for its interleaved rope; it does not do so for qwen2, whose
 //! converter class `Qwen2Model` has no permute step and whose llama.cpp rope is NEOX-style).
-pub mod blocks;
 mod layout;
-pub mod reader;
+
+/// GGML block types and codecs (mlx-core's [`mlx_core::io::gguf::blocks`]).
+pub use mlx_core::io::gguf::blocks;
+/// The GGUF container reader (mlx-core's [`mlx_core::io::gguf::reader`]).
+pub use mlx_core::io::gguf::reader;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -201,6 +203,15 @@ fn out_err(path: &Path, message: impl Into<String>) -> Error {
     Error::Gguf { path: path.into(), message: message.into() }
 }
 
+/// An error of mlx-core's GGUF reader in this crate's terms: a problem with the file
+/// ([`mlx_core::Error::File`]) is an [`Error::Gguf`] naming it.
+fn reader_err(e: mlx_core::Error) -> Error {
+    match e {
+        mlx_core::Error::File { path, message } => Error::Gguf { path, message },
+        e => Error::Mlx(e),
+    }
+}
+
 /// Imports a GGUF model into `out_dir` in the mlx-lm layout.
 ///
 /// `parts` is one GGUF file, or the parts of one GGUF file split byte-wise (in order; they
@@ -233,14 +244,16 @@ fn out_err(path: &Path, message: impl Into<String>) -> Error {
 /// # Errors
 /// - [`Error::Gguf`] naming the file when `out_dir` exists and `options.force` is off (or
 ///   it is not a directory), for every problem [`GgufFile::open`] reports (not GGUF,
-///   truncated, parts out of order, unknown tensor type id), a missing or malformed
+///   truncated, parts out of order, unknown tensor type id, a part that cannot be read),
+///   a missing or malformed
 ///   hyperparameter, unknown tensor names (all listed), missing tensors, a shape that does
 ///   not match the metadata, or a tensor holding NaN/Inf (corrupt data, or parts of
 ///   another file);
 /// - [`Error::Unsupported`] for an architecture other than llama/qwen2, a known but
 ///   unsupported tensor type (IQ*, TQ*, ...), partial rotary, an unsupported rope
-///   scaling, or invalid options (a non-float `dtype`, a zero shard size);
-/// - [`Error::Io`] when a file cannot be read or written; [`Error::Mlx`] when MLX fails to
+///   scaling, or invalid options (no parts, a non-float `dtype`, a zero shard size);
+/// - [`Error::Io`] when a part does not exist (or its size cannot be read) or an output
+///   file cannot be written; [`Error::Mlx`] when MLX fails to
 ///   build, quantize or save an array; any error of the tokenizer builder.
 pub fn import_gguf(
     parts: &[PathBuf],
@@ -273,9 +286,18 @@ pub fn import_gguf(
         .ok_or_else(|| out_err(out_dir, "output directory needs a UTF-8 final path component"))?
         .to_string();
 
-    let bytes: u64 = parts.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    if parts.is_empty() {
+        return Err(Error::Unsupported("reading a GGUF file from an empty list of parts".into()));
+    }
+    let mut bytes = 0u64;
+    for p in parts {
+        bytes += std::fs::metadata(p).map_err(|e| Error::io(p, e))?.len();
+    }
     progress(ImportProgress::Reading { parts: parts.len(), bytes });
-    let g = GgufFile::open(parts)?;
+    let g = GgufFile::open(parts).map_err(reader_err)?;
+    for w in &g.warnings {
+        tracing::warn!(path = %g.path().display(), "{w}");
+    }
     if let Some(t) = g.tensors.iter().find(|t| !t.ty.is_supported()) {
         return Err(Error::Unsupported(format!(
             "{}: tensor `{}` has type {}, which the importer cannot decode (supported: {})",
@@ -519,7 +541,7 @@ fn shape_i32(path: &Path, name: &str, dims: &[usize]) -> Result<Vec<i32>> {
 /// Reads, decodes, un-permutes and stores one tensor: `(name, array)` pairs.
 fn convert(g: &GgufFile, it: &Item, dtype: Dtype, scale_dtype: Dtype) -> Result<Vec<(String, Array)>> {
     let info = &it.info;
-    let raw = g.read(info)?;
+    let raw = g.read(info).map_err(reader_err)?;
     let (rows, cols) = it.rows_cols();
     let at = g.path_at(info.offset).to_path_buf();
     let bad = |m: String| out_err(&at, format!("tensor `{}` ({}): {m}", info.name, info.ty));
@@ -529,7 +551,9 @@ fn convert(g: &GgufFile, it: &Item, dtype: Dtype, scale_dtype: Dtype) -> Result<
     let m = &it.map.module;
     match it.store {
         Store::Keep { .. } => {
-            let a = blocks::to_affine(info.ty, &raw, rows, cols).map_err(bad)?.expect("planned as affine");
+            let a = blocks::to_affine(info.ty, &raw, rows, cols)
+                .map_err(|e| bad(e.to_string()))?
+                .expect("planned as affine");
             let (mut w, mut s, mut b) = (a.weight, a.scales, a.biases);
             if let Some(n) = it.map.unpermute_heads {
                 w = unpermute_rows(&w, rows, n).ok_or_else(|| permute("the weight", n))?;
@@ -559,7 +583,7 @@ fn convert(g: &GgufFile, it: &Item, dtype: Dtype, scale_dtype: Dtype) -> Result<
             ])
         }
         Store::Dense | Store::Requant(_) => {
-            let mut v = blocks::dequantize(info.ty, &raw).map_err(bad)?;
+            let mut v = blocks::dequantize(info.ty, &raw).map_err(|e| bad(e.to_string()))?;
             drop(raw);
             if v.iter().any(|x| !x.is_finite()) {
                 return Err(non_finite());

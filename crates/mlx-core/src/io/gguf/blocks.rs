@@ -7,6 +7,8 @@
 //! `type_size` bytes. All multi-byte fields are little-endian.
 use half::{bf16, f16};
 
+use crate::{Error, Result};
+
 /// A GGML tensor type id (the `type` field of a GGUF tensor info). Unknown ids are kept so
 /// that errors can name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,15 +151,24 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+fn invalid(op: &'static str, message: String) -> Error {
+    Error::Invalid { op, message }
+}
+
 /// Dequantizes `data` (whole blocks of `ty`, a multiple of the block size in elements)
 /// to f32, element for element as gguf-py computes it (f32 arithmetic from f16 scales).
+/// The result holds `data.len() / type_size * block_size` values in the tensor's row-major
+/// order. F64 values are rounded to f32.
 ///
 /// # Errors
-/// A message when the type is not supported or `data` is not a whole number of blocks.
-pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
-    let (bs, ts) = ty.block().filter(|_| ty.is_supported()).ok_or_else(|| format!("unsupported tensor type {ty}"))?;
+/// [`Error::Invalid`] (op `gguf dequantize`) when the type is not one of
+/// [`GgmlType::SUPPORTED`] or `data` is not a whole number of blocks.
+pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>> {
+    const OP: &str = "gguf dequantize";
+    let (bs, ts) =
+        ty.block().filter(|_| ty.is_supported()).ok_or_else(|| invalid(OP, format!("unsupported tensor type {ty}")))?;
     if !data.len().is_multiple_of(ts) {
-        return Err(format!("{} bytes is not a whole number of {ty} blocks of {ts} bytes", data.len()));
+        return Err(invalid(OP, format!("{} bytes is not a whole number of {ty} blocks of {ts} bytes", data.len())));
     }
     let mut out = vec![0f32; data.len() / ts * bs];
     let blocks = data.chunks_exact(ts).zip(out.chunks_exact_mut(bs));
@@ -336,14 +347,19 @@ pub fn affine_compatible(ty: GgmlType) -> bool {
 /// Returns `None` when the type is not [`affine_compatible`].
 ///
 /// # Errors
-/// A message when `data` does not hold `rows * cols` elements of `ty`.
-pub fn to_affine(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Option<Affine>, String> {
+/// [`Error::Invalid`] (op `gguf to_affine`) when `cols` is not a multiple of the block size
+/// or `data` does not hold `rows * cols` elements of `ty`.
+pub fn to_affine(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Option<Affine>> {
     if !affine_compatible(ty) {
         return Ok(None);
     }
     let (bs, ts) = ty.block().expect("known type");
-    if !cols.is_multiple_of(bs) || data.len() != rows * cols / bs * ts {
-        return Err(format!("{} bytes do not hold a [{rows}, {cols}] {ty} tensor", data.len()));
+    let holds = rows.checked_mul(cols).map(|n| n / bs * ts);
+    if !cols.is_multiple_of(bs) || holds != Some(data.len()) {
+        return Err(invalid(
+            "gguf to_affine",
+            format!("{} bytes do not hold a [{rows}, {cols}] {ty} tensor", data.len()),
+        ));
     }
     let bits: u32 = match ty {
         GgmlType::Q8_0 => 8,
@@ -415,6 +431,9 @@ pub fn to_affine(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<
 fn pack_rows(q: &[u8], rows: usize, cols: usize, bits: u32) -> Vec<u32> {
     let words_per_row = cols * bits as usize / 32;
     let mut out = vec![0u32; rows * words_per_row];
+    if words_per_row == 0 {
+        return out;
+    }
     for (row_q, row_w) in q.chunks_exact(cols).zip(out.chunks_exact_mut(words_per_row)) {
         let mut bit = 0usize;
         for &v in row_q {

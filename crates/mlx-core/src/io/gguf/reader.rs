@@ -9,18 +9,18 @@
 //!
 //! Everything the header claims is checked against the bytes present before any tensor is
 //! read: tensor types, sizes, alignment, overlaps and the total length. For a split file
-//! the parts are also checked for order (see [`GgufFile::open`]).
+//! the parts are also checked for order (see [`GgufFile::open`]). No claim of the header
+//! can make the reader allocate more than a small multiple of the file's size, read out of
+//! bounds, overflow or panic: a corrupt file is an [`Error::File`] naming it.
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use mlx_core::io::{Gguf, GgufValue};
-use mlx_core::{Array, Dtype};
-
 use super::blocks::GgmlType;
-use crate::{Error, Result};
+use super::{Gguf, GgufValue};
+use crate::{Array, Dtype, Error, Result};
 
 /// The GGUF magic, the first four bytes of every GGUF file.
 pub const MAGIC: &[u8; 4] = b"GGUF";
@@ -191,8 +191,8 @@ impl MetaValue {
     /// strings, nested arrays as [`GgufValue::None`].
     ///
     /// # Errors
-    /// [`mlx_core::Error`] if MLX cannot build the array.
-    pub fn to_mlx(&self) -> mlx_core::Result<GgufValue> {
+    /// [`Error::Mlx`] if MLX cannot build the array.
+    pub fn to_mlx(&self) -> Result<GgufValue> {
         Ok(match self {
             MetaValue::String(s) => GgufValue::String(s.clone()),
             MetaValue::Array { elem: ValueType::String, items } => {
@@ -295,6 +295,8 @@ pub struct GgufFile {
     pub data_offset: u64,
     /// Total length in bytes (all parts together).
     pub len: u64,
+    /// What is odd but readable, e.g. bytes after the last tensor of a single file.
+    pub warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -309,8 +311,19 @@ impl std::fmt::Debug for GgufFile {
 }
 
 fn gguf_err(path: &Path, message: impl Into<String>) -> Error {
-    Error::Gguf { path: path.into(), message: message.into() }
+    Error::File { path: path.into(), message: message.into() }
 }
+
+fn io_err(path: &Path, what: &str, e: std::io::Error) -> Error {
+    let message = match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        _ => format!("cannot {what}: {e}"),
+    };
+    Error::File { path: path.into(), message }
+}
+
+/// At most this many entries are reserved ahead of parsing them; more grow as they are read.
+const RESERVE: u64 = 1 << 16;
 
 fn names(paths: &[PathBuf]) -> String {
     paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
@@ -342,11 +355,12 @@ fn part_numbers(paths: &[PathBuf]) -> Option<Vec<u64>> {
 
 impl GgufFile {
     /// Opens a GGUF file given as one path, or as parts that concatenate byte-wise into one
-    /// file (in the order given), and parses its header.
+    /// file (in the order given), and parses its header. Tensor data is read only by
+    /// [`GgufFile::read`] / [`GgufFile::read_at`].
     ///
     /// # Errors
-    /// [`Error::Io`] when a part cannot be opened or read; [`Error::Gguf`] naming the file
-    /// when:
+    /// [`Error::Invalid`] for an empty list; [`Error::File`] naming the file when a part is
+    /// missing (`no such file`) or cannot be opened or read, and when:
     /// - the (first) file does not start with the GGUF magic (with a hint when another
     ///   part does, i.e. the parts are out of order), or a later part starts with it (the
     ///   parts are separate GGUF files, e.g. llama.cpp `gguf-split` shards);
@@ -354,15 +368,19 @@ impl GgufFile {
     ///   order, or a part is listed twice;
     /// - the version is not 2 or 3 (a big-endian file shows up here too);
     /// - the header is truncated or malformed (unknown value type, a string or array longer
-    ///   than the file, more than 4 dimensions);
+    ///   than the file, more than 4 dimensions, a metadata key or tensor name given twice);
     /// - a tensor has an unknown GGML type id, a row length that is not a whole number of
     ///   blocks, a misaligned offset, data overlapping another tensor, or data past the end
     ///   of the file (truncated: the message names the tensor and the missing bytes);
     /// - a split file has bytes after the last tensor beyond the alignment padding (an
-    ///   extra or foreign part). For a single file that is only a warning.
+    ///   extra or foreign part). For a single file that is only a warning
+    ///   ([`GgufFile::warnings`]).
     pub fn open(paths: &[PathBuf]) -> Result<GgufFile> {
         if paths.is_empty() {
-            return Err(Error::Unsupported("reading a GGUF file from an empty list of parts".into()));
+            return Err(Error::Invalid {
+                op: "GgufFile::open",
+                message: "no files given (an empty list of parts)".into(),
+            });
         }
         for (i, p) in paths.iter().enumerate() {
             if paths[..i].contains(p) {
@@ -372,8 +390,8 @@ impl GgufFile {
         let mut parts = Vec::with_capacity(paths.len());
         let mut start = 0u64;
         for p in paths {
-            let file = File::open(p).map_err(|e| Error::io(p, e))?;
-            let meta = file.metadata().map_err(|e| Error::io(p, e))?;
+            let file = File::open(p).map_err(|e| io_err(p, "open", e))?;
+            let meta = file.metadata().map_err(|e| io_err(p, "read the size", e))?;
             if !meta.is_file() {
                 return Err(gguf_err(p, "not a regular file"));
             }
@@ -388,6 +406,7 @@ impl GgufFile {
             alignment: DEFAULT_ALIGNMENT,
             data_offset: 0,
             len: start,
+            warnings: Vec::new(),
         };
         g.check_parts(paths)?;
         g.parse_header()?;
@@ -402,7 +421,7 @@ impl GgufFile {
         }
         let mut m = [0u8; 4];
         let mut f = p.file.borrow_mut();
-        f.seek(SeekFrom::Start(0)).and_then(|_| f.read_exact(&mut m)).map_err(|e| Error::io(&p.path, e))?;
+        f.seek(SeekFrom::Start(0)).and_then(|_| f.read_exact(&mut m)).map_err(|e| io_err(&p.path, "read", e))?;
         Ok(&m == MAGIC)
     }
 
@@ -485,9 +504,10 @@ impl GgufFile {
     /// Reads `buf.len()` bytes at absolute offset `off`, across part boundaries.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the part; [`Error::Gguf`] when the range passes the end.
+    /// [`Error::File`] naming the part when it cannot be read, or the last part when the
+    /// range passes the end.
     pub fn read_at(&self, mut off: u64, mut buf: &mut [u8]) -> Result<()> {
-        if off + buf.len() as u64 > self.len {
+        if off.checked_add(buf.len() as u64).is_none_or(|end| end > self.len) {
             return Err(gguf_err(
                 self.path_at(self.len),
                 format!("file ends at byte {}, reading {} bytes at {off}", self.len, buf.len()),
@@ -500,7 +520,7 @@ impl GgufFile {
             let mut f = p.file.borrow_mut();
             f.seek(SeekFrom::Start(local))
                 .and_then(|_| f.read_exact(&mut buf[..n]))
-                .map_err(|e| Error::io(&p.path, e))?;
+                .map_err(|e| io_err(&p.path, "read", e))?;
             buf = &mut buf[n..];
             off += n as u64;
         }
@@ -510,16 +530,25 @@ impl GgufFile {
     /// The raw bytes of a tensor (`info.nbytes` of them).
     ///
     /// # Errors
-    /// As [`GgufFile::read_at`].
+    /// As [`GgufFile::read_at`] (checked before anything is allocated).
     pub fn read(&self, info: &TensorInfo) -> Result<Vec<u8>> {
+        if info.offset.checked_add(info.nbytes).is_none_or(|end| end > self.len) {
+            return Err(gguf_err(
+                self.path_at(self.len),
+                format!(
+                    "tensor `{}`: file ends at byte {}, reading {} bytes at {}",
+                    info.name, self.len, info.nbytes, info.offset
+                ),
+            ));
+        }
         let mut buf = vec![0u8; info.nbytes as usize];
         self.read_at(info.offset, &mut buf)?;
         Ok(buf)
     }
 
-    /// An `mlx_core::io::Gguf` with this file's metadata, each value as MLX's loader would
-    /// return it ([`MetaValue::to_mlx`]), and no tensors: what
-    /// [`crate::tokenizer::tokenizer_files_from_gguf`] reads. `path` is the first part.
+    /// A [`Gguf`] with this file's metadata, each value as MLX's loader would return it
+    /// ([`MetaValue::to_mlx`]), and no tensors (what a tokenizer builder reads). `path` is
+    /// the first part.
     ///
     /// # Errors
     /// [`Error::Mlx`] if an array cannot be built.
@@ -550,11 +579,17 @@ impl GgufFile {
             let key = c.string("a metadata key")?;
             let ty = c.u32("a metadata value type")?;
             let v = c.value(ty, &key, 0)?;
-            metadata.insert(key, v);
+            if metadata.insert(key.clone(), v).is_some() {
+                return Err(c.err(format!("metadata key `{key}` appears twice")));
+            }
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors.min(RESERVE) as usize);
+        let mut seen = BTreeSet::new();
         for _ in 0..n_tensors {
             let name = c.string("a tensor name")?;
+            if !seen.insert(name.clone()) {
+                return Err(c.err(format!("tensor `{name}` appears twice")));
+            }
             let n_dims = c.u32("a tensor's dimension count")?;
             if n_dims > MAX_DIMS {
                 return Err(c.err(format!("tensor `{name}` has {n_dims} dimensions (at most {MAX_DIMS})")));
@@ -579,7 +614,7 @@ impl GgufFile {
         self.version = version;
         self.metadata = metadata;
         self.alignment = alignment;
-        self.data_offset = pos.div_ceil(alignment) * alignment;
+        self.data_offset = pos.div_ceil(alignment).saturating_mul(alignment);
         for t in &mut tensors {
             t.offset = t.offset.saturating_add(self.data_offset);
         }
@@ -622,11 +657,11 @@ impl GgufFile {
         let mut order: Vec<&TensorInfo> = self.tensors.iter().collect();
         order.sort_by_key(|t| t.offset);
         for w in order.windows(2) {
-            if w[0].offset + w[0].nbytes > w[1].offset {
+            if w[0].offset.saturating_add(w[0].nbytes) > w[1].offset {
                 return Err(gguf_err(&path, format!("tensors `{}` and `{}` overlap", w[0].name, w[1].name)));
             }
         }
-        let end = order.last().map_or(self.data_offset, |t| t.offset + t.nbytes);
+        let end = order.iter().map(|t| t.offset.saturating_add(t.nbytes)).max().unwrap_or(self.data_offset);
         if let Some(t) = order.iter().find(|t| t.offset.saturating_add(t.nbytes) > self.len) {
             let last = &self.parts.last().expect("one part").path;
             let what = if self.parts.len() > 1 {
@@ -651,7 +686,7 @@ impl GgufFile {
                 ),
             ));
         }
-        let trailing = self.len - end;
+        let trailing = self.len.saturating_sub(end);
         if trailing >= self.alignment {
             let msg = format!("{trailing} bytes after the end of the last tensor (at byte {end})");
             if self.parts.len() > 1 {
@@ -663,7 +698,7 @@ impl GgufFile {
                     ),
                 ));
             }
-            tracing::warn!(path = %self.path().display(), "{msg}");
+            self.warnings.push(msg);
         }
         Ok(())
     }
@@ -685,7 +720,7 @@ impl Cursor<'_> {
     }
 
     fn bytes(&mut self, n: u64, what: &str) -> Result<&[u8]> {
-        if self.pos + n > self.g.len {
+        if self.pos.checked_add(n).is_none_or(|end| end > self.g.len) {
             let last = &self.g.parts.last().expect("one part").path;
             return Err(gguf_err(
                 last,
@@ -708,7 +743,7 @@ impl Cursor<'_> {
     }
 
     fn check_count(&self, n: u64, min_size: u64, what: &str) -> Result<()> {
-        if n.saturating_mul(min_size) > self.g.len - self.pos {
+        if n.saturating_mul(min_size) > self.g.len.saturating_sub(self.pos) {
             return Err(self.err(format!(
                 "truncated or corrupt header: it claims {n} {what} at byte {}, more than the file holds ({} bytes)",
                 self.pos, self.g.len
@@ -760,10 +795,17 @@ impl Cursor<'_> {
                 }
                 let et = self.u32(&what)?;
                 let n = self.u64(&what)?;
-                self.check_count(n, 1, &format!("elements of {what}"))?;
                 let elem = ValueType::from_id(et)
                     .ok_or_else(|| self.err(format!("metadata `{key}` has unknown element type {et}")))?;
-                let mut items = Vec::with_capacity(n as usize);
+                // The smallest encoding of one element: a string is at least its u64 length,
+                // an array its u32 type and u64 count.
+                let min_size = match elem {
+                    ValueType::String => 8,
+                    ValueType::Array => 12,
+                    t => t.dtype().map_or(1, |d| d.size() as u64),
+                };
+                self.check_count(n, min_size, &format!("elements of {what}"))?;
+                let mut items = Vec::with_capacity(n.min(RESERVE) as usize);
                 for _ in 0..n {
                     items.push(self.value(et, key, depth + 1)?);
                 }
