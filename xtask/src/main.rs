@@ -206,6 +206,12 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     run(c)?;
     let bin = root().join("target/release/mlx-spec");
     let script = root().join("xtask/scripts/mlx_lm_generate.py");
+    let info = Command::new(&bin).args(["info", "--json"]).output()?;
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).context("mlx-spec info --json")?;
+    let blas = info["blas"].as_str().unwrap_or_default().to_string();
+    // "openblas (/path/libopenblas.so.0) ..." -> the path
+    let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
+    println!("BLAS: {blas}");
     let models = if a.model.is_empty() {
         let home = std::env::var("HOME").unwrap_or_default();
         vec![PathBuf::from(home).join(".cache/mlx-spec/models/smollm2-135m-instruct")]
@@ -236,7 +242,13 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
                     .arg(model)
                     .output()?;
                 let o = json_stats(&o, "mlx-spec generate")?;
-                let b = Command::new(&a.python)
+                let mut py = Command::new(&a.python);
+                // Python MLX binds libmlx's cblas_sgemm to the wheel's reference BLAS; preload
+                // OpenBLAS there too when mlx-spec uses it, so both sides run the same BLAS.
+                if let Some(lib) = openblas.as_ref() {
+                    py.env("LD_PRELOAD", lib);
+                }
+                let b = py
                     .arg(&script)
                     .arg(model)
                     .args([&a.prompt, &a.max_tokens.to_string(), dtype])
