@@ -485,8 +485,18 @@ fn nan_data_is_refused_naming_the_tensor() {
 #[test]
 fn existing_output_is_refused_unless_forced() {
     let tmp = tempfile::tempdir().unwrap();
+    // A directory that is not a model directory is never replaced, even with force.
+    let other = tmp.path().join("notes");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("precious.txt"), "x").unwrap();
+    let e = import(&[fixture("tiny_llama.gguf")], &other, &ImportOptions { force: true, ..opts() }).unwrap_err();
+    assert!(e.to_string().contains("not a model directory"), "{e}");
+    assert!(other.join("precious.txt").exists());
+    std::fs::remove_dir_all(&other).unwrap();
+
     let out = tmp.path().join("m");
     std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("config.json"), "{}").unwrap();
     std::fs::write(out.join("old.txt"), "x").unwrap();
     let e = import(&[fixture("tiny_llama.gguf")], &out, &opts()).unwrap_err();
     assert!(e.to_string().contains("already exists"), "{e}");
