@@ -248,11 +248,7 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
                 if let Some(lib) = openblas.as_ref() {
                     py.env("LD_PRELOAD", lib);
                 }
-                let b = py
-                    .arg(&script)
-                    .arg(model)
-                    .args([&a.prompt, &a.max_tokens.to_string(), dtype])
-                    .output()?;
+                let b = py.arg(&script).arg(model).args([&a.prompt, &a.max_tokens.to_string(), dtype]).output()?;
                 let b = json_stats(&b, "mlx_lm")?;
                 // the first pair warms file caches and MLX's JIT-compiled CPU kernels: not counted
                 if i == 0 {
