@@ -1,0 +1,256 @@
+//! The verify/accept executor: one target forward over `[pending] ++ drafts`, a sequential
+//! accept walk with the request's sampler, an exact cache rollback, and the re-feed rule.
+use std::time::Instant;
+
+use mlx_core::{Array, Dtype, concatenate, memory};
+use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
+use models::{ModelCache, Transformer};
+
+use crate::error::Context;
+use crate::{DraftSource, Error, Result, SpecStats};
+
+/// Environment variable: `MLX_SPEC_TRACE=1` prints every round (feed, drafts, accepted, the
+/// closing token) to stderr.
+pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
+
+/// Generates up to `params.max_tokens` tokens after `prompt` with speculative decoding,
+/// calling `on_token` with each token as soon as it is accepted (return `false` to stop).
+/// The tokens are exactly those [`models::generate::generate`] produces with the same
+/// `params` (see below); `num_draft_tokens` (`n`) bounds the drafts per round.
+///
+/// Each round asks `source` for up to `min(n, max_tokens - emitted - 1)` drafts, runs one
+/// target forward (and one LM head) over `[pending] ++ drafts`, and walks the window: the
+/// token at position `i` is `params.sampler.sample(logits[i], step)` with `step` the number
+/// of tokens emitted so far, exactly as plain decoding samples step `step`. A draft equal to
+/// that token is accepted and the walk goes on; otherwise that token is emitted (a
+/// correction, or a bonus at the window's end) and closes the round. An EOS token is never
+/// emitted and ends the request, even mid-window. The target cache then drops the
+/// `d - accepted` rejected positions; [`models::ModelCache::trim`] must report exactly that
+/// count (and every layer must say it can trim), otherwise the request re-prefills a fresh
+/// cache with `prompt ++ emitted` and continues as plain decoding
+/// ([`SpecStats::fallback_at`]). Prefill has the shape of plain decoding: the target caches
+/// `prompt[..n-1]` in chunks of [`PREFILL_CHUNK`] and the last prompt token heads the first
+/// window, so token 0 sees the same logits on both paths.
+///
+/// Losslessness holds when a window forward gives the same logits as one-token forwards;
+/// a backend whose window kernels round differently can flip a near-tie (see
+/// `docs/architecture.md`, "Lossless").
+///
+/// `MLX_SPEC_TRACE=1` prints each round to stderr.
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty prompt; [`Error::Model`]/[`Error::Mlx`] naming the step
+/// for model failures; [`Error::Contract`] when the source returns more drafts than asked
+/// for or a token id outside the target's vocabulary; the source's own errors.
+pub fn speculative_generate(
+    target: &Transformer,
+    source: &mut dyn DraftSource,
+    prompt: &[u32],
+    params: &GenerateParams,
+    num_draft_tokens: usize,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<SpecStats> {
+    speculative_generate_with_cache(target, target.make_cache(), source, prompt, params, num_draft_tokens, on_token)
+}
+
+/// [`speculative_generate`] with a caller-made target cache (for example one whose layers
+/// are rotating windows, or a test double). `cache` must be empty and have one layer per
+/// decoder layer of `target`. A fallback to plain decoding replaces it with
+/// `target.make_cache()`.
+///
+/// # Errors
+/// As [`speculative_generate`]; [`Error::Invalid`] for a non-empty cache.
+pub fn speculative_generate_with_cache(
+    target: &Transformer,
+    cache: ModelCache,
+    source: &mut dyn DraftSource,
+    prompt: &[u32],
+    params: &GenerateParams,
+    num_draft_tokens: usize,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<SpecStats> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::Invalid("an empty prompt".into()));
+    };
+    if cache.offset() != 0 {
+        return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
+    }
+    let trace = std::env::var(TRACE_ENV).is_ok_and(|v| v == "1");
+    memory::reset_peak();
+    let start = Instant::now();
+    let mut stats = SpecStats::new(prompt.len(), num_draft_tokens);
+    let tap_layers = source.tap_layers().to_vec();
+
+    let mut cache = cache;
+    let prefill_taps = prefill_target(target, &mut cache, head, &tap_layers, &mut stats)?;
+    source.prefill(prompt, prefill_taps.as_deref())?;
+    drop(prefill_taps);
+    stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+
+    let decode_start = Instant::now();
+    // Committed tokens: prompt ++ emitted. Its last token is `pending`, which heads the
+    // next window and is not yet in the target cache.
+    let mut committed = prompt.to_vec();
+    let mut pending = last;
+    let mut feed = vec![last];
+    let mut plain = false;
+    'rounds: while stats.emitted < params.max_tokens {
+        let step = stats.emitted;
+        let n = if plain { 0 } else { num_draft_tokens.min(params.max_tokens - step - 1) };
+        let drafts = if plain {
+            Vec::new()
+        } else {
+            let t = Instant::now();
+            let drafts = source.draft(&feed, n, step)?;
+            stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
+            let vocab = target.config.vocab_size;
+            let problem = if drafts.len() > n {
+                Some(format!("asked for at most {n} drafts at step {step}, got {}: {drafts:?}", drafts.len()))
+            } else {
+                drafts
+                    .iter()
+                    .find(|&&t| t as usize >= vocab)
+                    .map(|t| format!("draft token {t} at step {step} is outside the target's vocabulary of {vocab}"))
+            };
+            if let Some(message) = problem {
+                return Err(Error::Contract { source_name: source.name().to_string(), message });
+            }
+            drafts
+        };
+        let d = drafts.len();
+        let window: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
+        let what = || format!("target forward over the verify window {window:?} at step {step}");
+        let tokens = ids(&window).context(what)?;
+        let (logits, taps) = if tap_layers.is_empty() || plain {
+            (target.forward(&tokens, &mut cache).context(what)?, None)
+        } else {
+            let out = target.forward_with_taps(&tokens, &mut cache, &tap_layers).context(what)?;
+            (out.logits, Some(out.taps))
+        };
+        logits.eval().context(what)?;
+        stats.rounds += 1;
+        stats.target_forwards += 1;
+        if d == 0 {
+            stats.empty_rounds += 1;
+        }
+        for slot in &mut stats.drafted_by_pos[..d] {
+            *slot += 1;
+        }
+        stats.drafted += d;
+
+        // The accept walk: position i is sampled exactly as plain decoding samples `step`.
+        let mut accepted = 0;
+        let mut closing = None;
+        let mut finished = false;
+        for i in 0..=d {
+            let row = logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32));
+            let row = row.context(|| format!("logits of window position {i}"))?;
+            let t =
+                params.sampler.sample(&row, stats.emitted).context(|| format!("sampling step {}", stats.emitted))?;
+            if params.eos.contains(&t) {
+                stats.stopped_on_eos = true;
+                finished = true;
+                break;
+            }
+            stats.emitted += 1;
+            committed.push(t);
+            let is_draft = drafts.get(i) == Some(&t);
+            if is_draft {
+                accepted += 1;
+                stats.accepted_by_pos[i] += 1;
+            } else if i < d {
+                stats.corrections += 1;
+            } else {
+                stats.bonuses += 1;
+            }
+            if !on_token(t) || stats.emitted >= params.max_tokens {
+                finished = true;
+                break;
+            }
+            if !is_draft {
+                closing = Some(t);
+                break;
+            }
+        }
+        stats.accepted += accepted;
+        if trace {
+            let end = match closing {
+                Some(t) => t.to_string(),
+                None if stats.stopped_on_eos => "EOS".to_string(),
+                None => "stop".to_string(),
+            };
+            eprintln!(
+                "[spec] round {} step {step} feed {feed:?} drafts {drafts:?} accepted {accepted}/{d} next {end}",
+                stats.rounds
+            );
+        }
+        if finished {
+            break 'rounds;
+        }
+        let next = closing.expect("an unfinished walk ends with a correction or bonus token");
+
+        // Roll the target cache back over the rejected drafts, exactly or not at all.
+        let rollback = d - accepted;
+        if rollback > 0 && !(cache.can_trim(rollback) && cache.trim(rollback) == rollback) {
+            if trace {
+                eprintln!("[spec] target cache cannot drop {rollback} positions: plain decoding from here");
+            }
+            stats.fallback_at = Some(stats.emitted);
+            plain = true;
+            cache = target.make_cache();
+            let head = &committed[..committed.len() - 1];
+            prefill_target(target, &mut cache, head, &[], &mut stats)?;
+        }
+        if !plain {
+            let t = Instant::now();
+            source.commit(d, accepted, taps.as_deref())?;
+            stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
+        }
+        feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
+        pending = next;
+    }
+    stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
+    stats.peak_memory_bytes = memory::peak();
+    stats.finish();
+    Ok(stats)
+}
+
+/// Prefills `cache` with `head` in chunks of [`PREFILL_CHUNK`], as
+/// [`models::generate::prefill`] does. With `tap_layers`, the chunks run through
+/// `forward_with_taps` (the logits are never evaluated) and the taps of all chunks are
+/// concatenated, one `[1, head.len(), H]` array per tap layer; `None` without tap layers or
+/// for an empty `head`.
+fn prefill_target(
+    target: &Transformer,
+    cache: &mut ModelCache,
+    head: &[u32],
+    tap_layers: &[usize],
+    stats: &mut SpecStats,
+) -> Result<Option<Vec<Array>>> {
+    let what = |len: usize| move || format!("target prefill of a {len}-token chunk");
+    if tap_layers.is_empty() || head.is_empty() {
+        for chunk in head.chunks(PREFILL_CHUNK) {
+            target.prefill(&ids(chunk).context(what(chunk.len()))?, cache).context(what(chunk.len()))?;
+            stats.prefill_forwards += 1;
+        }
+        return Ok(None);
+    }
+    let mut per_layer: Vec<Vec<Array>> = vec![Vec::new(); tap_layers.len()];
+    for chunk in head.chunks(PREFILL_CHUNK) {
+        let out = target.forward_with_taps(&ids(chunk).context(what(chunk.len()))?, cache, tap_layers);
+        let out = out.context(what(chunk.len()))?;
+        let mut to_eval = cache.state();
+        to_eval.extend(out.taps.iter().cloned());
+        mlx_core::eval(&to_eval.iter().collect::<Vec<_>>()).context(what(chunk.len()))?;
+        for (acc, tap) in per_layer.iter_mut().zip(out.taps) {
+            acc.push(tap);
+        }
+        stats.prefill_forwards += 1;
+    }
+    let taps = per_layer
+        .iter()
+        .map(|parts| concatenate(&parts.iter().collect::<Vec<_>>(), 1))
+        .collect::<mlx_core::Result<Vec<_>>>()
+        .context(|| "concatenating prefill taps".to_string())?;
+    Ok(Some(taps))
+}

@@ -1,0 +1,42 @@
+//! Lossless speculative decoding for the `models` transformers: a draft source guesses the
+//! next tokens cheaply, the target model scores `[pending] ++ drafts` in one forward pass,
+//! and a sequential accept walk with the request's own sampler keeps exactly the tokens
+//! plain decoding ([`models::generate::generate`]) would emit, rolling the KV cache back
+//! over the rest.
+//!
+//! - [`DraftProvider`] / [`DraftSource`]: the seam between decoding and drafting
+//!   ([`source`] documents the per-round protocol and the re-feed rule).
+//! - [`speculative_generate`]: the executor, with [`SpecStats`].
+//! - [`ngram::NgramProvider`]: prompt lookup (no weights).
+//! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
+//!   [`two_model::check_tokenizers`] refuses a mismatched pair.
+//!
+//! ```no_run
+//! use models::{GenerateParams, LoadOptions, Sampler, load_model};
+//! use spec::{DraftProvider, ngram::NgramProvider, speculative_generate};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let target = load_model("model-dir".as_ref(), &LoadOptions::default())?;
+//! let params = GenerateParams { max_tokens: 64, sampler: Sampler::default(), eos: vec![2] };
+//! let provider = NgramProvider::default();
+//! let mut source = provider.open(&target, &params.sampler)?;
+//! let prompt = [1, 15, 27, 15, 27];
+//! let stats = speculative_generate(&target, source.as_mut(), &prompt, &params, 10, |t| {
+//!     print!("{t} ");
+//!     true
+//! })?;
+//! eprintln!("tau {:.2}, {} target forwards", stats.tau, stats.target_forwards);
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod executor;
+pub mod ngram;
+pub mod source;
+mod stats;
+pub mod two_model;
+
+pub use error::{Error, Result};
+pub use executor::{TRACE_ENV, speculative_generate, speculative_generate_with_cache};
+pub use source::{DraftProvider, DraftSource};
+pub use stats::SpecStats;

@@ -1,0 +1,89 @@
+//! The seam between decoding and drafting: a [`DraftProvider`] holds whatever outlives a
+//! request (drafter weights, options) and opens one [`DraftSource`] per request; the
+//! executor ([`crate::speculative_generate`]) drives the source round by round.
+//!
+//! # The protocol, one request
+//!
+//! ```text
+//! source.prefill(prompt, taps)                 target cache now holds prompt[..n-1]
+//! loop {
+//!     drafts = source.draft(feed, n, step)     0..=n tokens; the length is authoritative
+//!     ... the target verifies [pending] ++ drafts and accepts a prefix ...
+//!     source.commit(drafts.len(), accepted, taps)
+//! }
+//! ```
+//!
+//! - The first `feed` is `[prompt[n-1]]` (the last prompt token heads the first window).
+//! - After a round that accepted every one of its `d > 0` drafts, `feed` is
+//!   `[drafts[d-1], bonus]`; after any other round it is `[correction]` (the target's token
+//!   at the first rejected position, or its token for a `d = 0` round).
+//! - So, if a source appends `feed` at `draft` and `drafts[..min(accepted, d - 1)]` at
+//!   `commit`, its history is exactly `prompt ++ emitted tokens` whenever `draft` is called,
+//!   and `step` equals the number of emitted tokens (`history.len() == prompt.len() + step`).
+//!   The sources of this crate check that identity on every call.
+//! - `commit` is not called for the round that ends the request (EOS, `max_tokens`, the
+//!   caller stopping), nor after the executor dropped to plain decoding.
+//!
+//! What a source keeps, it owns and frees by `Drop`; what it borrows (`&Transformer`,
+//! `&[Array]`) it cannot free. There is no dispose call.
+use mlx_core::Array;
+use models::{Sampler, Transformer};
+
+use crate::Result;
+
+/// Long-lived drafting state: drafter weights and options, shared by every request.
+pub trait DraftProvider {
+    /// A short name for logs, traces and errors (`"ngram"`, the draft model's directory).
+    fn name(&self) -> &str;
+
+    /// Opens the per-request source. `target` is the model being decoded (a source may keep
+    /// a borrow, e.g. to share its embeddings); `sampler` is the request's sampler (a
+    /// source that drafts by sampling may draw with `sampler.key(step + i)` for draft `i`).
+    ///
+    /// # Errors
+    /// Whatever the provider cannot set up (incompatible target, allocation).
+    fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>>;
+}
+
+/// The per-request drafting state behind the seam (see the module docs for the protocol).
+pub trait DraftSource {
+    /// A short name for traces and errors.
+    fn name(&self) -> &str;
+
+    /// Target decoder layers whose output hidden states this source wants (tap `i` is the
+    /// residual stream after layer `i`, HF's `hidden_states[i + 1]`); empty (the default)
+    /// when the source drafts from token ids alone. The executor reads it once per request.
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+
+    /// Starts a request. `prompt` is the whole prompt (`n >= 1` tokens); the target has
+    /// prefilled `prompt[..n-1]`, and `prompt[n-1]` arrives as the first `feed`. `taps`, when
+    /// [`DraftSource::tap_layers`] is non-empty and `n > 1`, holds one `[1, n-1, H]` array
+    /// per tap layer (in the order of `tap_layers`, compute dtype) for the prefilled
+    /// positions; otherwise `None`.
+    ///
+    /// # Errors
+    /// Drafter forward failures.
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&[Array]>) -> Result<()>;
+
+    /// Absorbs `feed` (1 or 2 committed tokens, see the protocol) and proposes up to `n`
+    /// tokens to follow it. `step` is the generation step of the first proposed token (the
+    /// number of tokens emitted so far). Returning fewer than `n` tokens, or none, is fine;
+    /// returning more is a contract error.
+    ///
+    /// # Errors
+    /// Drafter forward failures; [`crate::Error::Contract`] when the source's bookkeeping
+    /// finds its history out of step with `step`.
+    fn draft(&mut self, feed: &[u32], n: usize, step: usize) -> Result<Vec<u32>>;
+
+    /// Ends a round: of the `drafted` tokens the last [`DraftSource::draft`] returned, the
+    /// first `accepted` were emitted. `taps`, when tap layers were requested, holds one
+    /// `[1, drafted + 1, H]` array per tap layer: the target's hidden states over the verify
+    /// window `[pending] ++ drafts`, of which positions `0..=accepted` are committed context.
+    ///
+    /// # Errors
+    /// Drafter rollback failures; [`crate::Error::Contract`] when `drafted` is not the length
+    /// of the last draft or `accepted > drafted`.
+    fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()>;
+}

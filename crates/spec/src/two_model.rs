@@ -1,0 +1,320 @@
+//! Two-model speculative decoding (mlx-lm's `--draft-model`): a small model with the
+//! target's tokenizer drafts autoregressively with its own KV cache.
+use mlx_core::{Array, Dtype};
+use models::generate::{PREFILL_CHUNK, ids};
+use models::tokenizer::Tokenizer;
+use models::{ModelCache, Sampler, Transformer};
+
+use crate::error::Context;
+use crate::{DraftProvider, DraftSource, Error, Result};
+
+/// Default drafts per round for a draft model (mlx_lm's CLI default).
+pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
+
+/// Feeds longer than this are prefilled (no LM head) except their last token.
+const SMALL_FEED: usize = 8;
+
+/// How the draft model picks its tokens. Either way the output is the target's; only the
+/// acceptance rate moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraftSampling {
+    /// Argmax of the draft model's logits.
+    #[default]
+    Greedy,
+    /// The request's sampler, draft `i` of a round drawn with the key of step `step + i`
+    /// (the key the target uses for that position, which couples the two draws).
+    Request,
+}
+
+/// Checks that a draft model's tokenizer is the target's: the same vocabulary size, the same
+/// token string for every id, the same added tokens (id, text and `special` flag) and the
+/// same BOS/EOS tokens. Only the tokenizers are compared: padded embedding rows beyond the
+/// tokenizer's vocabulary (Qwen2.5 checkpoints pad to 151936 or 152064 rows) are fine (a
+/// [`TwoModelSource`] opened by [`TwoModelProvider`] never proposes an id the target has no
+/// row for), and the executor stops at the target's EOS ids whatever the draft model's are.
+///
+/// # Errors
+/// [`Error::Incompatible`] naming both models and the first difference.
+pub fn check_tokenizers(draft: &Tokenizer, target: &Tokenizer, draft_name: &str, target_name: &str) -> Result<()> {
+    let fail = |message: String| {
+        Err(Error::Incompatible { draft: draft_name.to_string(), target: target_name.to_string(), message })
+    };
+    if draft.vocab_size() != target.vocab_size() {
+        return fail(format!(
+            "vocabulary sizes differ: {} tokens in the draft model, {} in the target",
+            draft.vocab_size(),
+            target.vocab_size()
+        ));
+    }
+    for id in 0..target.vocab_size() as u32 {
+        let (a, b) = (draft.id_to_token(id), target.id_to_token(id));
+        if a != b {
+            return fail(format!("token {id} is {a:?} in the draft model and {b:?} in the target"));
+        }
+    }
+    let added = |t: &Tokenizer| {
+        let mut v: Vec<(u32, String, bool)> = t
+            .inner()
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(&id, tok)| (id, tok.content.clone(), tok.special))
+            .collect();
+        v.sort();
+        v
+    };
+    let (da, ta) = (added(draft), added(target));
+    if da != ta {
+        let diff = da.iter().zip(&ta).find(|(a, b)| a != b).map_or_else(
+            || format!("{} added tokens in the draft model, {} in the target", da.len(), ta.len()),
+            |(a, b)| format!("added token {a:?} in the draft model, {b:?} in the target"),
+        );
+        return fail(format!("special tokens differ: {diff}"));
+    }
+    if draft.bos_token() != target.bos_token() {
+        return fail(format!(
+            "BOS token {:?} in the draft model, {:?} in the target",
+            draft.bos_token(),
+            target.bos_token()
+        ));
+    }
+    if draft.eos_token() != target.eos_token() {
+        return fail(format!(
+            "EOS token {:?} in the draft model, {:?} in the target",
+            draft.eos_token(),
+            target.eos_token()
+        ));
+    }
+    Ok(())
+}
+
+/// Holds a draft model and opens a [`TwoModelSource`] per request. Check the tokenizers
+/// with [`check_tokenizers`] when loading the pair.
+pub struct TwoModelProvider {
+    model: Transformer,
+    name: String,
+    sampling: DraftSampling,
+}
+
+impl TwoModelProvider {
+    /// A greedy drafter; `name` (usually the model directory) appears in traces and errors.
+    pub fn new(model: Transformer, name: impl Into<String>) -> Self {
+        TwoModelProvider { model, name: name.into(), sampling: DraftSampling::Greedy }
+    }
+
+    /// Chooses how the draft model picks tokens.
+    pub fn with_sampling(mut self, sampling: DraftSampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// The draft model.
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+}
+
+impl DraftProvider for TwoModelProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
+        let sampler = match self.sampling {
+            DraftSampling::Greedy => Sampler::default(),
+            DraftSampling::Request => sampler.clone(),
+        };
+        let mut source = TwoModelSource::new(&self.model, sampler, &self.name);
+        source.vocab_limit = target.config.vocab_size;
+        Ok(Box::new(source))
+    }
+}
+
+/// A draft model's per-request state: its KV cache and the committed tokens it has not run
+/// yet.
+///
+/// Bookkeeping (mlx-lm's `speculative_generate_step`): `draft(feed, n)` runs the unfed
+/// tokens (`feed`, plus anything deferred) and then its own drafts one at a time, so after
+/// `d` drafts its cache holds `d - 1` of them (the last one was never run). `commit(d, a)`
+/// keeps the `min(a, d - 1)` accepted drafts it ran and trims the rest, `max(d - a - 1, 0)`
+/// positions; after an all-accept round the executor feeds `[last_draft, bonus]`. A cache
+/// that cannot trim exactly is rebuilt from the committed tokens. On every `draft` it
+/// checks that `cache + unfed == committed == prompt + step` tokens.
+pub struct TwoModelSource<'a> {
+    model: &'a Transformer,
+    name: String,
+    sampler: Sampler,
+    cache: ModelCache,
+    /// Tokens the draft model must have seen: `prompt ++ emitted` as of the last feed,
+    /// plus accepted drafts.
+    committed: Vec<u32>,
+    /// Committed tokens not yet in `cache` (always a suffix of `committed`).
+    unfed: Vec<u32>,
+    prompt_len: usize,
+    last_drafts: Vec<u32>,
+    /// Drafts of the last round that went through the model (are in `cache`).
+    fed_drafts: usize,
+    /// Drafts at or above this id are never proposed (the target has no such row).
+    vocab_limit: usize,
+    rebuilds: usize,
+}
+
+impl<'a> TwoModelSource<'a> {
+    /// A source drafting with `model` and `sampler` (use `Sampler::default()` for greedy).
+    pub fn new(model: &'a Transformer, sampler: Sampler, name: &str) -> Self {
+        TwoModelSource {
+            model,
+            name: name.to_string(),
+            sampler,
+            cache: model.make_cache(),
+            committed: Vec::new(),
+            unfed: Vec::new(),
+            prompt_len: 0,
+            last_drafts: Vec::new(),
+            fed_drafts: 0,
+            vocab_limit: usize::MAX,
+            rebuilds: 0,
+        }
+    }
+
+    /// Uses `cache` (empty, one layer per draft-model layer, e.g. rotating windows) instead
+    /// of `model.make_cache()` for this request. If it cannot roll back exactly, the source
+    /// replaces it with a fresh `make_cache()` rebuilt from the committed tokens.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a non-empty cache or one with the wrong number of layers.
+    pub fn with_cache(mut self, cache: ModelCache) -> Result<Self> {
+        if cache.offset() != 0 || cache.layers.len() != self.model.num_layers() {
+            return Err(Error::Invalid(format!(
+                "a draft cache must be empty with {} layers; got {} layers holding {} positions",
+                self.model.num_layers(),
+                cache.layers.len(),
+                cache.offset()
+            )));
+        }
+        self.cache = cache;
+        Ok(self)
+    }
+
+    /// Positions in the draft model's cache.
+    pub fn cache_offset(&self) -> usize {
+        self.cache.offset()
+    }
+
+    /// How often the draft cache could not trim exactly and was rebuilt.
+    pub fn rebuilds(&self) -> usize {
+        self.rebuilds
+    }
+
+    fn contract(&self, message: String) -> Error {
+        Error::Contract { source_name: self.name.clone(), message }
+    }
+
+    /// Runs the unfed tokens through the draft model; returns the logits `[1, 1, V]` after
+    /// the last one.
+    fn run_unfed(&mut self) -> Result<Array> {
+        let unfed = std::mem::take(&mut self.unfed);
+        let what = || format!("draft model `{}` forward over {} tokens", self.name, unfed.len());
+        let Some((&last, head)) = unfed.split_last() else {
+            return Err(self.contract("nothing to run: an empty feed".into()));
+        };
+        let logits = if unfed.len() <= SMALL_FEED {
+            self.model.forward(&ids(&unfed).context(what)?, &mut self.cache).context(what)?
+        } else {
+            for chunk in head.chunks(PREFILL_CHUNK) {
+                self.model.prefill(&ids(chunk).context(what)?, &mut self.cache).context(what)?;
+            }
+            self.model.forward(&ids(&[last]).context(what)?, &mut self.cache).context(what)?
+        };
+        logits.slice_axis(1, -1, i32::MAX).and_then(|l| l.astype(Dtype::Float32)).context(what)
+    }
+}
+
+impl DraftSource for TwoModelSource<'_> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prefill(&mut self, prompt: &[u32], _taps: Option<&[Array]>) -> Result<()> {
+        let Some((_, head)) = prompt.split_last() else {
+            return Err(Error::Invalid("an empty prompt".into()));
+        };
+        if self.cache.offset() != 0 {
+            self.cache = self.model.make_cache();
+        }
+        for chunk in head.chunks(PREFILL_CHUNK) {
+            let what = || format!("draft model `{}` prefill of {} tokens", self.name, chunk.len());
+            self.model.prefill(&ids(chunk).context(what)?, &mut self.cache).context(what)?;
+        }
+        self.committed = head.to_vec();
+        self.unfed.clear();
+        self.prompt_len = prompt.len();
+        self.last_drafts.clear();
+        self.fed_drafts = 0;
+        Ok(())
+    }
+
+    fn draft(&mut self, feed: &[u32], n: usize, step: usize) -> Result<Vec<u32>> {
+        if feed.is_empty() {
+            return Err(self.contract(format!("empty feed at step {step}")));
+        }
+        self.committed.extend_from_slice(feed);
+        self.unfed.extend_from_slice(feed);
+        let (len, cached) = (self.committed.len(), self.cache.offset() + self.unfed.len());
+        if len != self.prompt_len + step || cached != len {
+            return Err(self.contract(format!(
+                "at step {step}: {len} committed tokens (expected prompt {} + {step}), cache {} + unfed {}",
+                self.prompt_len,
+                self.cache.offset(),
+                self.unfed.len()
+            )));
+        }
+        self.last_drafts.clear();
+        self.fed_drafts = 0;
+        if n == 0 {
+            // Defer the feed: it is run with the next round's.
+            return Ok(Vec::new());
+        }
+        let mut logits = self.run_unfed()?;
+        let mut drafts = Vec::with_capacity(n);
+        loop {
+            let i = drafts.len();
+            let what = || format!("draft model `{}` sampling draft {i} at step {step}", self.name);
+            let t = self.sampler.sample(&logits, step + i).context(what)?;
+            if t as usize >= self.vocab_limit {
+                break;
+            }
+            drafts.push(t);
+            if drafts.len() == n {
+                break;
+            }
+            let what = || format!("draft model `{}` forward of draft {i} at step {step}", self.name);
+            let out = self.model.forward(&ids(&[t]).context(what)?, &mut self.cache).context(what)?;
+            self.fed_drafts += 1;
+            logits = out.astype(Dtype::Float32).context(what)?;
+        }
+        self.last_drafts = drafts.clone();
+        Ok(drafts)
+    }
+
+    fn commit(&mut self, drafted: usize, accepted: usize, _taps: Option<&[Array]>) -> Result<()> {
+        if drafted != self.last_drafts.len() || accepted > drafted {
+            return Err(self
+                .contract(format!("commit({drafted}, {accepted}) after drafting {} tokens", self.last_drafts.len())));
+        }
+        // An all-accept round's last draft comes back in the next feed: do not keep it.
+        let keep = accepted.min(drafted.saturating_sub(1));
+        let in_cache = keep.min(self.fed_drafts);
+        let rollback = self.fed_drafts - in_cache;
+        self.committed.extend_from_slice(&self.last_drafts[..keep]);
+        // Accepted drafts that were never run (none in the normal case) join the unfed tail.
+        self.unfed.extend_from_slice(&self.last_drafts[in_cache..keep]);
+        if rollback > 0 && !(self.cache.can_trim(rollback) && self.cache.trim(rollback) == rollback) {
+            self.cache = self.model.make_cache();
+            self.unfed = self.committed.clone();
+            self.rebuilds += 1;
+        }
+        self.last_drafts.clear();
+        self.fed_drafts = 0;
+        Ok(())
+    }
+}
