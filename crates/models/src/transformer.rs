@@ -12,7 +12,7 @@
 //! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
 //! with the causal mask aligned to the end, GQA by head grouping).
 use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
-use mlx_core::{Array, Dtype};
+use mlx_core::Array;
 use serde_json::Value;
 
 use crate::cache::{LayerCache, ModelCache};
@@ -276,14 +276,6 @@ impl Transformer {
         let state = cache.state();
         mlx_core::eval(&state.iter().collect::<Vec<_>>())?;
         Ok(())
-    }
-
-    /// The compute dtype of the activations (the embedding's output dtype).
-    pub fn dtype(&self) -> Dtype {
-        match &self.embed {
-            Embedding::Dense(w) => w.dtype(),
-            Embedding::Quantized(q) => q.scales.dtype(),
-        }
     }
 }
 

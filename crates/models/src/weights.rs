@@ -32,11 +32,6 @@ impl Weights {
         Ok(Weights { dir: dir.into(), tensors })
     }
 
-    /// Builds from tensors already in memory (tests, converters).
-    pub fn from_map(dir: &Path, tensors: BTreeMap<String, Array>) -> Self {
-        Weights { dir: dir.into(), tensors }
-    }
-
     /// Whether `name` is present.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
