@@ -11,8 +11,8 @@
 //! qwen2 adds biases to q/k/v; qwen3 applies an RMS norm to each query and key head before
 //! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
 //! with the causal mask aligned to the end, GQA by head grouping).
-use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
 use mlx_core::Array;
+use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
 use serde_json::Value;
 
 use crate::cache::{LayerCache, ModelCache};
