@@ -43,7 +43,9 @@ impl SourceQuantization {
         {
             return Err(err(
                 field,
-                format!("quant_method {m} is not MLX affine quantization; only MLX-quantized sources can be requantized"),
+                format!(
+                    "quant_method {m} is not MLX affine quantization; only MLX-quantized sources can be requantized"
+                ),
             ));
         }
         let mut out = Self::default();
@@ -106,8 +108,11 @@ pub(crate) fn quantization_block(spec: QuantSpec, quantized: &[String], full_pre
 /// The output `config.json`: the source config with `quantization` and
 /// `quantization_config` set to `block`, keys sorted as mlx-lm's `save_config` writes them.
 pub(crate) fn output_config(source: &Map<String, Value>, block: Value) -> Value {
-    let mut entries: Vec<(String, Value)> =
-        source.iter().filter(|(k, _)| !matches!(k.as_str(), "quantization" | "quantization_config")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut entries: Vec<(String, Value)> = source
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "quantization" | "quantization_config"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     entries.push(("quantization".into(), block.clone()));
     entries.push(("quantization_config".into(), block));
     entries.sort_by(|a, b| a.0.cmp(&b.0));

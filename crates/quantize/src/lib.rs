@@ -238,7 +238,10 @@ pub fn quantize_model_dir(
 
     let predicate = options.predicate.as_deref().map(|p| p as &dyn Fn(&str, &[usize]) -> bool);
     let items = plan::plan(&files.tensors, &paths, &config_path, &source_quant, spec, predicate)?;
-    let requantized = items.iter().filter(|it| matches!(it, Item::Module { source: Source::Quantized { .. }, .. })).count();
+    let requantized = items
+        .iter()
+        .filter(|it| matches!(it, Item::Module { source, .. } if matches!(**source, Source::Quantized { .. })))
+        .count();
     if requantized > 0 && !options.allow_quantized_source {
         return Err(Error::Options(format!(
             "{} is already quantized ({requantized} quantized modules); quantize a full-precision checkpoint instead",
@@ -272,7 +275,11 @@ pub fn quantize_model_dir(
     }
     let n_shards = shards.len();
     let shard_name = |i: usize| {
-        if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{:05}.safetensors", i + 1, n_shards) }
+        if n_shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, n_shards)
+        }
     };
 
     // Staging directory beside dst; removed on any error.
@@ -282,10 +289,13 @@ pub fn quantize_model_dir(
     };
     let mut created = CreatedDirs::create(&parent, dst)?;
     let out_name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{out_name}.quantizing-"))
-        .tempdir_in(&parent)
-        .map_err(|e| Error::Destination { path: dst.into(), message: format!("cannot create a temporary directory in {}: {e}", parent.display()) })?;
+    let staging =
+        tempfile::Builder::new().prefix(&format!(".{out_name}.quantizing-")).tempdir_in(&parent).map_err(|e| {
+            Error::Destination {
+                path: dst.into(),
+                message: format!("cannot create a temporary directory in {}: {e}", parent.display()),
+            }
+        })?;
     let dir = staging.path();
     let mut writers: Vec<ShardFile> = Vec::with_capacity(n_shards);
     for (i, planned) in shards.iter().enumerate() {
@@ -414,7 +424,9 @@ fn read_config(src: &Path, path: &Path) -> Result<serde_json::Map<String, Value>
     })?;
     match serde_json::from_str(&text) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(Error::Config { path: path.into(), message: format!("expected a JSON object, found {other}") }),
+        Ok(other) => {
+            Err(Error::Config { path: path.into(), message: format!("expected a JSON object, found {other}") })
+        }
         Err(e) => Err(Error::Config { path: path.into(), message: format!("not valid JSON: {e}") }),
     }
 }
@@ -444,7 +456,10 @@ fn weight_files(src: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(Error::Config { path: src.into(), message: "no *.safetensors weight files in the model directory".into() });
+        return Err(Error::Config {
+            path: src.into(),
+            message: "no *.safetensors weight files in the model directory".into(),
+        });
     }
     Ok(files)
 }
@@ -454,7 +469,7 @@ fn outputs_of(it: &Item, spec: QuantSpec) -> Vec<Planned> {
     match it {
         Item::Pass(t) => vec![Planned { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() }],
         Item::Module { base, source, shape, action } => {
-            let float = match source {
+            let float = match source.as_ref() {
                 Source::Dense(t) => t.dtype,
                 Source::Quantized { scales, .. } => scales.dtype,
             };
@@ -530,7 +545,7 @@ fn convert(
         Item::Module { base, source, action, .. } => {
             let wname = format!("{base}.weight");
             // The full-precision matrix (dense source: no MLX round trip when only copied).
-            let (dense, first) = match source {
+            let (dense, first) = match source.as_ref() {
                 Source::Dense(t) if *action != Action::Quantize => {
                     let w = writer(writers, shard_of, &wname);
                     let off = w.offset_of(&wname).expect("planned");
@@ -573,7 +588,11 @@ fn convert(
     }
 }
 
-fn writer<'a>(writers: &'a mut [Option<ShardFile>], shard_of: &HashMap<String, usize>, name: &str) -> &'a mut ShardFile {
+fn writer<'a>(
+    writers: &'a mut [Option<ShardFile>],
+    shard_of: &HashMap<String, usize>,
+    name: &str,
+) -> &'a mut ShardFile {
     writers[shard_of[name]].as_mut().expect("a shard stays open until all its tensors are written")
 }
 
@@ -629,7 +648,10 @@ fn copy_aux_files(src: &Path, dir: &Path) -> Result<Vec<String>> {
 /// Renames `staged` to `dst`; with `force` an existing `dst` is first moved aside and
 /// removed only after the rename succeeded (restored otherwise).
 fn move_into_place(staged: &Path, dst: &Path, force: bool) -> Result<()> {
-    let dest_err = |e: std::io::Error| Error::Destination { path: dst.into(), message: format!("cannot move the output into place: {e}") };
+    let dest_err = |e: std::io::Error| Error::Destination {
+        path: dst.into(),
+        message: format!("cannot move the output into place: {e}"),
+    };
     if std::fs::symlink_metadata(dst).is_ok() {
         if !force || !dst.is_dir() {
             return Err(Error::Destination { path: dst.into(), message: "appeared while quantizing".into() });

@@ -58,6 +58,9 @@ pub fn eligibility(name: &str, shape: &[usize], group_size: usize) -> Eligibilit
     Eligibility::Eligible
 }
 
+/// A borrowed predicate `(base, shape) -> keep quantizing?`.
+pub(crate) type PredicateRef<'a> = Option<&'a dyn Fn(&str, &[usize]) -> bool>;
+
 /// Where a module's weight comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
@@ -85,7 +88,7 @@ pub enum Action {
 #[derive(Debug, Clone)]
 pub(crate) enum Item {
     Pass(TensorRef),
-    Module { base: String, source: Source, shape: Vec<usize>, action: Action },
+    Module { base: String, source: Box<Source>, shape: Vec<usize>, action: Action },
 }
 
 impl Item {
@@ -107,8 +110,11 @@ impl Item {
     /// `(file, offset)` of its first source tensor, the processing order (sequential reads).
     pub(crate) fn source_position(&self) -> (usize, u64) {
         match self {
-            Item::Pass(t) | Item::Module { source: Source::Dense(t), .. } => (t.file, t.start),
-            Item::Module { source: Source::Quantized { weight, .. }, .. } => (weight.file, weight.start),
+            Item::Pass(t) => (t.file, t.start),
+            Item::Module { source, .. } => match source.as_ref() {
+                Source::Dense(t) => (t.file, t.start),
+                Source::Quantized { weight, .. } => (weight.file, weight.start),
+            },
         }
     }
 }
@@ -130,7 +136,7 @@ pub(crate) fn plan(
     config_path: &Path,
     quant: &SourceQuantization,
     spec: QuantSpec,
-    predicate: Option<&dyn Fn(&str, &[usize]) -> bool>,
+    predicate: PredicateRef<'_>,
 ) -> Result<Vec<Item>> {
     let mut items = Vec::new();
     let mut consumed: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
@@ -225,13 +231,7 @@ pub(crate) fn plan(
     Ok(items)
 }
 
-fn module(
-    base: &str,
-    source: Source,
-    shape: Vec<usize>,
-    spec: QuantSpec,
-    predicate: Option<&dyn Fn(&str, &[usize]) -> bool>,
-) -> Item {
+fn module(base: &str, source: Source, shape: Vec<usize>, spec: QuantSpec, predicate: PredicateRef<'_>) -> Item {
     let action = if !eligibility(&format!("{base}.weight"), &shape, spec.group_size as usize).is_eligible() {
         Action::Ineligible
     } else if predicate.is_none_or(|p| p(base, &shape)) {
@@ -239,5 +239,5 @@ fn module(
     } else {
         Action::FullPrecision
     };
-    Item::Module { base: base.into(), source, shape, action }
+    Item::Module { base: base.into(), source: Box::new(source), shape, action }
 }

@@ -110,10 +110,7 @@ impl SourceFiles {
             let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
             for t in read_header(path, &mut f, i)? {
                 if let Some(prev) = out.tensors.get(&t.name) {
-                    return Err(bad(
-                        path,
-                        format!("tensor `{}` is also in {}", t.name, paths[prev.file].display()),
-                    ));
+                    return Err(bad(path, format!("tensor `{}` is also in {}", t.name, paths[prev.file].display())));
                 }
                 out.tensors.insert(t.name.clone(), t);
             }
@@ -130,11 +127,19 @@ impl SourceFiles {
     pub fn read(&mut self, t: &TensorRef) -> Result<Vec<u8>> {
         let path = &self.paths[t.file];
         let f = &mut self.files[t.file];
-        let mut buf = vec![0u8; t.len as usize];
-        f.seek(SeekFrom::Start(t.start))
-            .and_then(|_| f.read_exact(&mut buf))
-            .map_err(|e| bad(path, format!("tensor `{}`: cannot read {} bytes at {}: {e}", t.name, t.len, t.start)))?;
-        Ok(buf)
+        let mut buf = Vec::with_capacity(t.len as usize);
+        let read = f.seek(SeekFrom::Start(t.start)).and_then(|_| Read::by_ref(f).take(t.len).read_to_end(&mut buf));
+        match read {
+            Ok(n) if n as u64 == t.len => Ok(buf),
+            Ok(n) => Err(bad(
+                path,
+                format!(
+                    "tensor `{}`: read {n} of {} bytes at {}: the file is shorter than its header says",
+                    t.name, t.len, t.start
+                ),
+            )),
+            Err(e) => Err(bad(path, format!("tensor `{}`: cannot read {} bytes at {}: {e}", t.name, t.len, t.start))),
+        }
     }
 
     /// Copies the bytes of `t` into `out` at data offset `offset`, in chunks of 16 MiB.
@@ -175,7 +180,10 @@ fn read_header(path: &Path, f: &mut File, file: usize) -> Result<Vec<TensorRef>>
     if n > size - PREFIX {
         return Err(bad(
             path,
-            format!("truncated header: it declares {n} header bytes but the file has only {} after the length", size - PREFIX),
+            format!(
+                "truncated header: it declares {n} header bytes but the file has only {} after the length",
+                size - PREFIX
+            ),
         ));
     }
     if n > MAX_HEADER {
@@ -192,8 +200,8 @@ fn read_header(path: &Path, f: &mut File, file: usize) -> Result<Vec<TensorRef>>
         if name == "__metadata__" {
             continue;
         }
-        let info: TensorInfo =
-            serde_json::from_value(v).map_err(|e| bad(path, format!("tensor `{name}`: malformed header entry: {e}")))?;
+        let info: TensorInfo = serde_json::from_value(v)
+            .map_err(|e| bad(path, format!("tensor `{name}`: malformed header entry: {e}")))?;
         let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
         let numel = info.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
         let expected = numel.and_then(|n| n.checked_mul(info.dtype.bitsize() as u64)).map(|b| b.div_ceil(8));
@@ -217,14 +225,7 @@ fn read_header(path: &Path, f: &mut File, file: usize) -> Result<Vec<TensorRef>>
                 ),
             ));
         }
-        out.push(TensorRef {
-            file,
-            name,
-            dtype: info.dtype,
-            shape: info.shape,
-            start: data_start + s,
-            len: e - s,
-        });
+        out.push(TensorRef { file, name, dtype: info.dtype, shape: info.shape, start: data_start + s, len: e - s });
     }
     out.sort_by_key(|t| t.start);
     for w in out.windows(2) {
@@ -285,8 +286,8 @@ impl ShardFile {
             offset += n;
         }
         let meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let header = Metadata::new(Some(meta), infos)
-            .map_err(|e| bad(path, format!("cannot lay out the header: {e}")))?;
+        let header =
+            Metadata::new(Some(meta), infos).map_err(|e| bad(path, format!("cannot lay out the header: {e}")))?;
         let mut json = serde_json::to_vec(&header).map_err(|e| bad(path, format!("cannot write the header: {e}")))?;
         let pad = (8 - (json.len() + PREFIX as usize) % 8) % 8;
         json.extend(std::iter::repeat_n(b' ', pad));
@@ -343,11 +344,13 @@ impl ShardFile {
             .map_err(|e| Error::io(&self.path, e))
     }
 
-    /// Flushes the file to disk after checking that every planned tensor was written.
+    /// Checks that every planned tensor was written and closes the file. (Like mlx-lm, it
+    /// does not `fsync`: the rename into place protects against a failed or interrupted run,
+    /// not against a power loss right after it.)
     ///
     /// # Errors
-    /// [`Error::Tensor`] naming a tensor never written; [`Error::Io`] when syncing fails.
-    pub fn finish(self) -> Result<()> {
+    /// [`Error::Tensor`] naming a tensor never written; [`Error::Io`] when flushing fails.
+    pub fn finish(mut self) -> Result<()> {
         if let Some((name, _)) = self.slots.iter().find(|(_, s)| !s.2) {
             return Err(Error::Tensor {
                 path: self.path.clone(),
@@ -355,6 +358,6 @@ impl ShardFile {
                 message: "planned but never written".into(),
             });
         }
-        self.file.sync_all().map_err(|e| Error::io(&self.path, e))
+        self.file.flush().map_err(|e| Error::io(&self.path, e))
     }
 }

@@ -96,15 +96,27 @@ fn unsupported_dtype() {
     let src = source(tmp.path());
     let file = src.join("model.safetensors");
     // a dtype MLX has no type for
-    raw_safetensors(&file, &json!({"m.weight": {"dtype": "F8_E4M3", "shape": [8, 64], "data_offsets": [0, 512]}}), &[0u8; 512]);
+    raw_safetensors(
+        &file,
+        &json!({"m.weight": {"dtype": "F8_E4M3", "shape": [8, 64], "data_offsets": [0, 512]}}),
+        &[0u8; 512],
+    );
     let e = fails(tmp.path(), &src, &QuantizeOptions::default()).to_string();
     assert!(e.contains("model.safetensors") && e.contains("`m.weight`") && e.contains("F8_E4M3"), "{e}");
     // an integer matrix that the shape rule would quantize
-    raw_safetensors(&file, &json!({"m.weight": {"dtype": "I32", "shape": [8, 64], "data_offsets": [0, 2048]}}), &[0u8; 2048]);
+    raw_safetensors(
+        &file,
+        &json!({"m.weight": {"dtype": "I32", "shape": [8, 64], "data_offsets": [0, 2048]}}),
+        &[0u8; 2048],
+    );
     let e = fails(tmp.path(), &src, &QuantizeOptions::default()).to_string();
     assert!(e.contains("`m.weight`") && e.contains("I32") && e.contains("F32, F16 or BF16"), "{e}");
     // a dtype safetensors does not know
-    raw_safetensors(&file, &json!({"m.weight": {"dtype": "Q4", "shape": [8, 64], "data_offsets": [0, 256]}}), &[0u8; 256]);
+    raw_safetensors(
+        &file,
+        &json!({"m.weight": {"dtype": "Q4", "shape": [8, 64], "data_offsets": [0, 256]}}),
+        &[0u8; 256],
+    );
     let e = fails(tmp.path(), &src, &QuantizeOptions::default()).to_string();
     assert!(e.contains("`m.weight`") && e.contains("Q4"), "{e}");
 }

@@ -61,7 +61,10 @@ fn tiny_models_match_mlx_lm_quantize_model() {
             assert_eq!(ours["quantization"][k], case["quantization"][k], "{name}: quantization.{k}");
         }
         if name.ends_with("no_v_proj") {
-            assert_eq!(r.full_precision_modules, ["model.layers.0.self_attn.v_proj", "model.layers.1.self_attn.v_proj"]);
+            assert_eq!(
+                r.full_precision_modules,
+                ["model.layers.0.self_attn.v_proj", "model.layers.1.self_attn.v_proj"]
+            );
             assert_eq!(ours["quantization"]["model.layers.0.self_attn.v_proj"], Value::Bool(false));
         }
     }

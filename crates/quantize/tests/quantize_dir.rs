@@ -50,15 +50,15 @@ fn eligibility_rule() {
 /// A directory holding one tensor of every eligibility case.
 fn mixed_source(dir: &Path) -> Vec<(&'static str, Array)> {
     let tensors = vec![
-        ("a.weight", arr(&[8, 128], Dtype::Float32, 1)),         // eligible, f32
-        ("f.weight", arr(&[16, 256], Dtype::Float16, 2)),        // eligible, f16
-        ("g.weight", arr(&[4, 64], Dtype::Bfloat16, 3)),         // eligible, bf16
-        ("e.weight", arr(&[8, 128], Dtype::Bfloat16, 4)),        // eligible, predicate false
-        ("b.weight", arr(&[8, 96], Dtype::Float32, 5)),          // 2-D, 96 % 64 != 0
-        ("norm.weight", arr(&[128], Dtype::Float32, 6)),         // 1-D
+        ("a.weight", arr(&[8, 128], Dtype::Float32, 1)),          // eligible, f32
+        ("f.weight", arr(&[16, 256], Dtype::Float16, 2)),         // eligible, f16
+        ("g.weight", arr(&[4, 64], Dtype::Bfloat16, 3)),          // eligible, bf16
+        ("e.weight", arr(&[8, 128], Dtype::Bfloat16, 4)),         // eligible, predicate false
+        ("b.weight", arr(&[8, 96], Dtype::Float32, 5)),           // 2-D, 96 % 64 != 0
+        ("norm.weight", arr(&[128], Dtype::Float32, 6)),          // 1-D
         ("experts.weight", arr(&[2, 8, 128], Dtype::Float32, 7)), // 3-D
-        ("a.bias", arr(&[8], Dtype::Float32, 8)),                // no .weight suffix
-        ("d.table", arr(&[8, 128], Dtype::Float32, 9)),          // 2-D divisible, no .weight suffix
+        ("a.bias", arr(&[8], Dtype::Float32, 8)),                 // no .weight suffix
+        ("d.table", arr(&[8, 128], Dtype::Float32, 9)),           // 2-D divisible, no .weight suffix
         ("steps", Array::from_slice(&[1i32, 2, 3], &[3]).unwrap()), // integer buffer
     ];
     write_model(dir, &json!({"model_type": "synthetic", "hidden_size": 128}), &tensors);
@@ -109,7 +109,8 @@ fn every_eligibility_case_and_the_predicate() {
     }
     assert_eq!(out.len(), 3 * 3 + 7);
 
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["model_type"], "synthetic");
     assert_eq!(cfg["hidden_size"], 128);
     let q = &cfg["quantization"];
@@ -135,7 +136,10 @@ fn every_eligibility_case_and_the_predicate() {
     assert_eq!(r.total_parameters, params);
     assert!((r.bits_per_weight - r.weight_bytes as f64 * 8.0 / params as f64).abs() < 1e-12);
 
-    assert_eq!(r.copied_files, ["chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]);
+    assert_eq!(
+        r.copied_files,
+        ["chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    );
     assert!(!dst.join("README.md").exists());
     assert_eq!(entries(tmp.path()), ["out", "src"], "no temporary directory is left");
 
@@ -185,7 +189,8 @@ fn shards_index_and_force() {
     assert!(err.to_string().contains("already exists") && err.to_string().contains("one"), "{err}");
     let options = QuantizeOptions { bits: 8, force: true, ..QuantizeOptions::default() };
     quantize_model_dir(&src, &one, &options, &mut |_| {}).unwrap();
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(one.join("config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(one.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["quantization"]["bits"], 8);
     assert_eq!(entries(tmp.path()), ["many", "one", "src"]);
 }
@@ -209,7 +214,13 @@ fn requantizes_a_quantized_source() {
     let s4 = QuantSpec::new(64, 4).unwrap();
     let s8 = QuantSpec::new(128, 8).unwrap();
     for base in ["a", "f"] {
-        let dq = quant::dequantize(&a[&format!("{base}.weight")], &a[&format!("{base}.scales")], &a[&format!("{base}.biases")], s4).unwrap();
+        let dq = quant::dequantize(
+            &a[&format!("{base}.weight")],
+            &a[&format!("{base}.scales")],
+            &a[&format!("{base}.biases")],
+            s4,
+        )
+        .unwrap();
         let want = quant::quantize(&dq, s8).unwrap();
         assert_eq!(bytes(&b[&format!("{base}.weight")]), bytes(&want.weight), "{base}");
         assert_eq!(bytes(&b[&format!("{base}.scales")]), bytes(&want.scales), "{base}");

@@ -16,8 +16,7 @@ pub fn fixtures() -> PathBuf {
 pub fn write_model(dir: &Path, config: &serde_json::Value, tensors: &[(&str, Array)]) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
-    save_safetensors(dir.join("model.safetensors"), tensors.iter().map(|(n, a)| (*n, a)), [("format", "mlx")])
-        .unwrap();
+    save_safetensors(dir.join("model.safetensors"), tensors.iter().map(|(n, a)| (*n, a)), [("format", "mlx")]).unwrap();
 }
 
 /// Every tensor of a model directory's weight files, evaluated.
