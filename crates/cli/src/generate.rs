@@ -290,7 +290,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         Some((provider, options)) => {
             let mut source = provider.open(&model, &params.sampler)?;
             let stats = speculative_generate(&model, source.as_mut(), &ids, &params, *options, &mut on_token)?;
-            Report::Spec { drafter: drafting.describe(), acceptance: options.acceptance, stats }
+            Report::Spec { drafter: drafting.describe(), acceptance: options.acceptance, stats: Box::new(stats) }
         }
     };
     let finished = match failed {
@@ -310,7 +310,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
 /// The statistics of one request, printed after the text.
 enum Report {
     Plain(models::GenerationStats),
-    Spec { drafter: serde_json::Value, acceptance: Acceptance, stats: SpecStats },
+    Spec { drafter: serde_json::Value, acceptance: Acceptance, stats: Box<SpecStats> },
 }
 
 impl Report {

@@ -54,7 +54,7 @@ impl Sampler {
     /// the accept test (`stream` 1) and the residual draw (`stream` 2) of the
     /// Leviathan/Chen rejection rule, so a seeded request is reproducible.
     pub fn uniform(&self, step: usize, stream: u64) -> f64 {
-        let bits = mix(mix(self.seed ^ mix(step as u64)) ^ mix(stream.wrapping_add(0x5EED_0F_5AFE)));
+        let bits = mix(mix(self.seed ^ mix(step as u64)) ^ mix(stream.wrapping_add(0x005E_ED0F_5AFE)));
         (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 

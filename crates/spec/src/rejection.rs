@@ -87,7 +87,7 @@ pub fn rejection_step(
         }
     };
     let qx = q_of(x);
-    if !(qx > 0.0) {
+    if qx.is_nan() || qx <= 0.0 {
         return Err(format!("draft token {draft} has probability {qx} under the drafter's own distribution"));
     }
     if u_accept * qx < f64::from(p[x]) {
