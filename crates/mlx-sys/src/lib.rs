@@ -278,6 +278,8 @@ pub mod ffi {
         fn blas_info() -> String;
         fn blas_select(which: &str) -> bool;
         fn blas_sgemm_calls() -> u64;
+        fn blas_gemv_calls() -> u64;
+        fn blas_set_gemv_routing(on: bool) -> bool;
     }
 }
 

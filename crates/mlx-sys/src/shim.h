@@ -143,5 +143,10 @@ bool metal_available();
 bool cuda_available();
 rust::String blas_info();
 bool blas_select(rust::Str which);
+// Calls of cblas_sgemm made by libmlx (all shapes) since the process started.
 uint64_t blas_sgemm_calls();
+// Of those, the calls with M = 1 or N = 1 that were answered by one cblas_sgemv.
+uint64_t blas_gemv_calls();
+// Turns the sgemv rewrite of matrix-vector products on or off; returns the previous setting.
+bool blas_set_gemv_routing(bool on);
 }  // namespace mlxsys
