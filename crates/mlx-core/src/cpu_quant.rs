@@ -91,6 +91,11 @@ pub fn force_portable(on: bool) -> bool {
     ffi::cpu_qmm_force_portable(on)
 }
 
+/// How many products the kernel has evaluated in this process (proves a path uses it).
+pub fn calls() -> u64 {
+    ffi::cpu_qmm_calls()
+}
+
 /// Threads the kernel splits output features over.
 pub fn threads() -> usize {
     ffi::cpu_qmm_threads() as usize

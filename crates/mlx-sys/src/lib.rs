@@ -289,6 +289,7 @@ pub mod ffi {
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_qmm_isa() -> String;
         fn cpu_qmm_force_portable(on: bool) -> bool;
+        fn cpu_qmm_calls() -> u64;
         fn cpu_qmm_threads() -> i32;
         fn cpu_qmm_set_threads(n: i32);
         fn blas_gemv_calls() -> u64;

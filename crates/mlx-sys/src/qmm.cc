@@ -316,6 +316,7 @@ bool cpu_has_avx2() { return false; }
 #endif
 
 std::atomic<bool> g_force_portable{false};
+std::atomic<uint64_t> g_calls{0};
 
 bool use_avx2() { return cpu_has_avx2() && !g_force_portable.load(std::memory_order_relaxed); }
 
@@ -395,6 +396,7 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
       Problem p{f32(x, xc), wp, f32(s, sc), f32(b, bc), out.data<float>(), static_cast<int>(x.size() / k), n, k, gs,
                 bits};
       if (p.m > 0 && n > 0) compute(p);
+      g_calls.fetch_add(1, std::memory_order_relaxed);
     });
   }
 
@@ -461,6 +463,8 @@ std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::ar
 rust::String cpu_qmm_isa() { return rust::String(use_avx2() ? "avx2+fma" : "portable"); }
 
 bool cpu_qmm_force_portable(bool on) { return g_force_portable.exchange(on); }
+
+uint64_t cpu_qmm_calls() { return g_calls.load(std::memory_order_relaxed); }
 
 int32_t cpu_qmm_threads() { return Pool::get().threads(); }
 

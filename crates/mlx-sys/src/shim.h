@@ -153,6 +153,8 @@ std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, cons
 rust::String cpu_qmm_isa();
 // Forces the portable kernel (tests); returns the previous setting.
 bool cpu_qmm_force_portable(bool on);
+// Products the kernel has evaluated since the process started.
+uint64_t cpu_qmm_calls();
 // Threads the kernel splits output features over (default: all cores, MLX_SPEC_QMM_THREADS).
 int32_t cpu_qmm_threads();
 void cpu_qmm_set_threads(int32_t n);
