@@ -206,10 +206,9 @@ impl DrafterConfig {
         let hidden_size = req(raw.hidden_size, "hidden_size")?;
         let num_heads = req(raw.num_attention_heads, "num_attention_heads")?;
         let (head_dim, num_kv_heads) = match architecture {
-            Architecture::Qwen3 => (
-                raw.head_dim.unwrap_or(hidden_size / num_heads.max(1)),
-                raw.num_key_value_heads.unwrap_or(num_heads),
-            ),
+            Architecture::Qwen3 => {
+                (raw.head_dim.unwrap_or(hidden_size / num_heads.max(1)), raw.num_key_value_heads.unwrap_or(num_heads))
+            }
             Architecture::Gemma4 => {
                 let hd = req(raw.global_head_dim.or(raw.head_dim), "global_head_dim")?;
                 let kv = if raw.attention_k_eq_v {
@@ -237,7 +236,8 @@ impl DrafterConfig {
                 return Err(unsupported("enable_moe_block true (DeepSpec drafters have no MoE block)".into()));
             }
         }
-        let (rope_theta, partial_rotary_factor) = rope_settings(&raw, architecture).map_err(|m| field("rope_parameters", m))?;
+        let (rope_theta, partial_rotary_factor) =
+            rope_settings(&raw, architecture).map_err(|m| field("rope_parameters", m))?;
         let act = match architecture {
             Architecture::Qwen3 => raw.hidden_act.clone().unwrap_or_else(|| "silu".into()),
             Architecture::Gemma4 => raw.hidden_activation.clone().unwrap_or_else(|| "gelu_pytorch_tanh".into()),
@@ -247,7 +247,10 @@ impl DrafterConfig {
             Architecture::Gemma4 => "gelu_pytorch_tanh",
         };
         if act != expected_act && !(architecture == Architecture::Gemma4 && act == "gelu_tanh") {
-            return Err(unsupported(format!("activation `{act}` for {} (expected `{expected_act}`)", architecture.name())));
+            return Err(unsupported(format!(
+                "activation `{act}` for {} (expected `{expected_act}`)",
+                architecture.name()
+            )));
         }
         let legacy = |k: &str| raw.dflash_config.as_ref().and_then(|d| d.get(k)).cloned();
         let target_layer_ids = match (&raw.target_layer_ids, legacy("target_layer_ids")) {

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 
 use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
 use mlx_core::{Array, Dtype, concatenate};
+use models::LoadOptions;
 use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
 use models::weights::{Weights, weight_files};
-use models::LoadOptions;
 
 use crate::config::{Architecture, DrafterConfig};
 use crate::{Error, Result};
@@ -151,9 +151,9 @@ fn gelu_tanh(x: &Array) -> mlx_core::Result<Array> {
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (`gelu_pytorch_tanh`)
     let dt = x.dtype();
     let c = |v: f64| Array::scalar_as(v, dt);
-    let inner = x.add(&x.multiply(&x)?.multiply(x)?.multiply(&c(0.044715)?)?)?.multiply(&c(
-        (2.0 / std::f64::consts::PI).sqrt(),
-    )?)?;
+    let inner = x
+        .add(&x.multiply(&x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
+        .multiply(&c((2.0 / std::f64::consts::PI).sqrt())?)?;
     x.multiply(&c(0.5)?)?.multiply(&inner.tanh()?.add(&c(1.0)?)?)
 }
 
@@ -185,11 +185,8 @@ impl Drafter {
             weight_files(dir)?
         };
         let mut w = Weights::load_files(dir, &files)?;
-        let quantized: Vec<String> = w
-            .unused()
-            .iter()
-            .filter_map(|n| n.strip_suffix(".scales").map(str::to_string))
-            .collect();
+        let quantized: Vec<String> =
+            w.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
         let c = &config;
         let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let gemma = c.architecture == Architecture::Gemma4;
@@ -221,7 +218,11 @@ impl Drafter {
                 down_proj: Linear::load(&mut w, &ctx, &format!("{m}.down_proj"), h, iw, false)?,
                 input_layernorm: norm(&mut w, "input_layernorm", h)?,
                 post_attention_layernorm: norm(&mut w, "post_attention_layernorm", h)?,
-                pre_feedforward_layernorm: if gemma { Some(norm(&mut w, "pre_feedforward_layernorm", h)?) } else { None },
+                pre_feedforward_layernorm: if gemma {
+                    Some(norm(&mut w, "pre_feedforward_layernorm", h)?)
+                } else {
+                    None
+                },
                 post_feedforward_layernorm: if gemma {
                     Some(norm(&mut w, "post_feedforward_layernorm", h)?)
                 } else {
@@ -444,7 +445,10 @@ impl Drafter {
     pub fn embed_block(&self, anchor: u32) -> Result<Array> {
         let b = self.config.block_size;
         if anchor as usize >= self.config.vocab_size {
-            return Err(Error::Invalid(format!("anchor {anchor} is outside the vocabulary of {}", self.config.vocab_size)));
+            return Err(Error::Invalid(format!(
+                "anchor {anchor} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
         }
         let mut ids = vec![self.config.mask_token_id as i32; b];
         ids[0] = anchor as i32;
@@ -542,7 +546,8 @@ impl Drafter {
             Some(head) => {
                 let h = block.hidden.reshape(&[b, -1])?;
                 let feats = if self.config.confidence_with_markov {
-                    let prevs: Vec<u32> = std::iter::once(anchor).chain(drafts[..b as usize - 1].iter().copied()).collect();
+                    let prevs: Vec<u32> =
+                        std::iter::once(anchor).chain(drafts[..b as usize - 1].iter().copied()).collect();
                     let w1 = self.markov_embed(&prevs)?.expect("confidence_with_markov implies a Markov head");
                     concatenate(&[&h, &w1], -1)?
                 } else {

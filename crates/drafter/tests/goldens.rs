@@ -32,7 +32,10 @@ fn close(label: &str, got: &Array, want: &Array, atol: f32, rtol: f32) -> f32 {
     let mut worst = 0f32;
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         let d = (a - b).abs();
-        assert!(d <= atol + rtol * b.abs(), "{label}[{i}]: got {a}, golden {b} (|diff| {d} > {atol} + {rtol}*|golden|)");
+        assert!(
+            d <= atol + rtol * b.abs(),
+            "{label}[{i}]: got {a}, golden {b} (|diff| {d} > {atol} + {rtol}*|golden|)"
+        );
         worst = worst.max(d);
     }
     worst

@@ -10,6 +10,8 @@
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
 //! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
 //!   [`two_model::check_tokenizers`] refuses a mismatched pair.
+//! - [`dspark::DSparkProvider`]: a DeepSpec DSpark / DFlash drafter (`drafter` crate) that
+//!   drafts a block per round from the target's tapped hidden states.
 //!
 //! ```no_run
 //! use models::{GenerateParams, LoadOptions, Sampler, load_model};
@@ -29,6 +31,7 @@
 //! # }
 //! ```
 
+pub mod dspark;
 mod error;
 mod executor;
 pub mod ngram;
