@@ -150,12 +150,13 @@ pub fn write_tiny_dspark(dir: &Path, target_dir: &Path, seed: u64) -> Result<()>
     let mut d = Draw { seed: seed ^ 0x5eed_d5a4, next: 0 };
     let r = HIDDEN;
     let t_feat = TAP_LAYERS.len() * HIDDEN;
-    let mut t: Vec<(String, Array)> = Vec::new();
-    t.push(("embed_tokens.weight".into(), embed.clone()));
-    t.push(("lm_head.weight".into(), d.linear(VOCAB, HIDDEN, 0.5)?));
-    t.push(("fc.weight".into(), d.linear(HIDDEN, t_feat, 1.0)?));
-    t.push(("hidden_norm.weight".into(), d.norm(HIDDEN)?));
-    t.push(("norm.weight".into(), d.norm(HIDDEN)?));
+    let mut t: Vec<(String, Array)> = vec![
+        ("embed_tokens.weight".into(), embed.clone()),
+        ("lm_head.weight".into(), d.linear(VOCAB, HIDDEN, 0.5)?),
+        ("fc.weight".into(), d.linear(HIDDEN, t_feat, 1.0)?),
+        ("hidden_norm.weight".into(), d.norm(HIDDEN)?),
+        ("norm.weight".into(), d.norm(HIDDEN)?),
+    ];
     for i in 0..DRAFT_LAYERS {
         let p = format!("layers.{i}");
         let a = format!("{p}.self_attn");

@@ -152,7 +152,7 @@ fn gelu_tanh(x: &Array) -> mlx_core::Result<Array> {
     let dt = x.dtype();
     let c = |v: f64| Array::scalar_as(v, dt);
     let inner = x
-        .add(&x.multiply(&x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
+        .add(&x.multiply(x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
         .multiply(&c((2.0 / std::f64::consts::PI).sqrt())?)?;
     x.multiply(&c(0.5)?)?.multiply(&inner.tanh()?.add(&c(1.0)?)?)
 }
