@@ -227,9 +227,8 @@ pub fn quantize_drafter_for_tests(src: &Path, dst: &Path, spec: QuantSpec) -> Re
     let mut bases = Vec::new();
     for (name, a) in &st.tensors {
         let base = name.strip_suffix(".weight");
-        let eligible = base.is_some_and(|b| !b.starts_with("confidence_head."))
-            && a.ndim() == 2
-            && a.shape()[1] % spec.group_size == 0;
+        let eligible =
+            base.is_some_and(crate::quant::quantize_predicate) && a.ndim() == 2 && a.shape()[1] % spec.group_size == 0;
         match base {
             Some(b) if eligible => {
                 let q = quantize(a, spec)?;

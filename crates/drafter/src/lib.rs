@@ -9,6 +9,8 @@
 //!   [`Drafter::ingest`], [`Drafter::forward_block`], [`Drafter::propose`]);
 //!   [`Drafter::check_target`] refuses a target it was not trained for.
 //! - [`DraftContext`]: one request's context K/V, grown by exactly the committed rows.
+//! - [`quant`]: the drafter quantization policy (the confidence head stays dense) and the
+//!   load smoke a quantizer runs on its output.
 //! - [`fixtures`]: deterministic tiny target + drafter pairs for tests.
 //!
 //! ```no_run
@@ -32,6 +34,7 @@ pub mod config;
 mod error;
 pub mod fixtures;
 mod model;
+pub mod quant;
 
 pub use config::{Architecture, DrafterConfig};
 pub use error::{Error, Result};

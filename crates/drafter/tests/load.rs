@@ -235,8 +235,9 @@ fn quantized_drafter_loads_and_tracks_bf16() {
         let cfg: Value = serde_json::from_str(&std::fs::read_to_string(q.join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["quantization"]["confidence_head.proj"], Value::Bool(false));
         // The load smoke.
-        let c = dr.project_context(&Array::zeros(&[1, 1, width], Dtype::Bfloat16).unwrap()).unwrap();
-        assert_eq!(c.shape(), vec![1, 1, dr.hidden_size() as i32]);
+        let smoke = drafter::quant::load_smoke(&q).unwrap();
+        assert_eq!(smoke.projection_shape, vec![1, 1, dr.hidden_size() as i32]);
+        assert_eq!(smoke.quantized_modules, bases);
         let p = run(&dr);
         // Compare the logits of the slots whose previous drafts agree.
         let same = 1 + p.all_drafts.iter().zip(&reference.all_drafts).take(6).take_while(|(a, b)| a == b).count();
@@ -246,4 +247,35 @@ fn quantized_drafter_loads_and_tracks_bf16() {
     }
     eprintln!("max |z - z_bf16|: 8-bit {:.4}, 4-bit {:.4}", errors[0], errors[1]);
     assert!(errors[0] < errors[1] && errors[0] < 0.25 && errors[1] < 2.5, "{errors:?}");
+}
+
+/// Legacy exports nest `mask_token_id` and `target_layer_ids` in `dflash_config`.
+#[test]
+fn legacy_dflash_config_fields_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    variant_of(
+        "qwen3",
+        dir.path(),
+        |c| {
+            let o = c.as_object_mut().unwrap();
+            let mask = o.remove("mask_token_id").unwrap();
+            let taps = o.remove("target_layer_ids").unwrap();
+            o.insert("dflash_config".into(), serde_json::json!({"mask_token_id": mask, "target_layer_ids": taps}));
+        },
+        |_| {},
+    );
+    let d = Drafter::load(dir.path(), &f32_load()).unwrap();
+    assert_eq!(d.config().mask_token_id, 300);
+    assert_eq!(d.target_layer_ids(), &[0, 2, 4]);
+}
+
+#[test]
+fn policy_keeps_only_the_confidence_head_dense() {
+    use drafter::quant::quantize_predicate;
+    assert!(!quantize_predicate("confidence_head.proj"));
+    for b in
+        ["embed_tokens", "fc", "lm_head", "markov_head.markov_w1", "markov_head.markov_w2", "layers.3.self_attn.q_proj"]
+    {
+        assert!(quantize_predicate(b), "{b}");
+    }
 }

@@ -244,3 +244,16 @@ fn malformed_taps_are_refused() {
     let err = source.prefill(&[1, 2, 3], Some(&[one])).unwrap_err();
     assert!(err.to_string().contains("tap"), "{err}");
 }
+
+/// A drafter that taps the embedding output (`-1`, as the Gemma4 golden does) cannot be fed
+/// by the executor, which taps decoder-layer outputs: refused when the provider is made.
+#[test]
+fn embedding_tap_is_refused() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/deepspec/gemma4/k_eq_v");
+    let d = Drafter::load(&dir, &f32_load()).unwrap();
+    let err = match DSparkProvider::new(d, "gemma4") {
+        Err(e) => e,
+        Ok(_) => panic!("a -1 tap must be refused"),
+    };
+    assert!(matches!(err, Error::Incompatible { .. }) && err.to_string().contains("-1"), "{err}");
+}
