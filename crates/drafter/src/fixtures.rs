@@ -132,12 +132,122 @@ pub fn write_tiny_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
     )
 }
 
+/// The shape of a generated `Qwen3DSparkModel` drafter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterDims {
+    /// `H` (also the target's hidden size).
+    pub hidden: usize,
+    /// MLP inner width.
+    pub intermediate: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Head dim.
+    pub head_dim: usize,
+    /// Draft layers.
+    pub layers: usize,
+    /// `V`.
+    pub vocab: usize,
+    /// Markov rank `r`.
+    pub markov_rank: usize,
+    /// Tapped target layers.
+    pub tap_layers: Vec<i64>,
+    /// The target's layer count.
+    pub num_target_layers: usize,
+    /// γ.
+    pub block_size: usize,
+}
+
+impl DrafterDims {
+    /// The drafter of the tiny pair: H 64, 2 layers, 4/2 heads of 16, V 256, r 64, taps
+    /// [0, 1, 2] of a 4-layer target, block 7.
+    pub fn tiny() -> Self {
+        DrafterDims {
+            hidden: HIDDEN,
+            intermediate: INTERMEDIATE,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            layers: DRAFT_LAYERS,
+            vocab: VOCAB,
+            markov_rank: HIDDEN,
+            tap_layers: TAP_LAYERS.to_vec(),
+            num_target_layers: TARGET_LAYERS,
+            block_size: BLOCK_SIZE,
+        }
+    }
+}
+
+/// Writes a drafter of shape `dims` into `dir`: `embed_tokens` and the Markov tables are
+/// given, everything else is drawn from `d`.
+fn write_dspark(dir: &Path, dims: &DrafterDims, d: &mut Draw, embed: Array, w1: Array, w2: Array) -> Result<()> {
+    let (h, hd, r) = (dims.hidden, dims.head_dim, dims.markov_rank);
+    let t_feat = dims.tap_layers.len() * h;
+    let mut t: Vec<(String, Array)> = vec![
+        ("embed_tokens.weight".into(), embed),
+        ("lm_head.weight".into(), d.linear(dims.vocab, h, 0.5)?),
+        ("fc.weight".into(), d.linear(h, t_feat, 1.0)?),
+        ("hidden_norm.weight".into(), d.norm(h)?),
+        ("norm.weight".into(), d.norm(h)?),
+    ];
+    for i in 0..dims.layers {
+        let p = format!("layers.{i}");
+        let a = format!("{p}.self_attn");
+        t.push((format!("{p}.input_layernorm.weight"), d.norm(h)?));
+        t.push((format!("{p}.post_attention_layernorm.weight"), d.norm(h)?));
+        t.push((format!("{a}.q_proj.weight"), d.linear(dims.heads * hd, h, 1.0)?));
+        t.push((format!("{a}.k_proj.weight"), d.linear(dims.kv_heads * hd, h, 1.0)?));
+        t.push((format!("{a}.v_proj.weight"), d.linear(dims.kv_heads * hd, h, 1.0)?));
+        t.push((format!("{a}.o_proj.weight"), d.linear(h, dims.heads * hd, 1.0)?));
+        t.push((format!("{a}.q_norm.weight"), d.norm(hd)?));
+        t.push((format!("{a}.k_norm.weight"), d.norm(hd)?));
+        t.push((format!("{p}.mlp.gate_proj.weight"), d.linear(dims.intermediate, h, 1.0)?));
+        t.push((format!("{p}.mlp.up_proj.weight"), d.linear(dims.intermediate, h, 1.0)?));
+        t.push((format!("{p}.mlp.down_proj.weight"), d.linear(h, dims.intermediate, 1.0)?));
+    }
+    t.push(("markov_head.markov_w1.weight".into(), w1));
+    t.push(("markov_head.markov_w2.weight".into(), w2));
+    t.push(("confidence_head.proj.weight".into(), d.normal(&[1, h + r], 1.5 / ((h + r) as f32).sqrt())?));
+    t.push(("confidence_head.proj.bias".into(), d.normal(&[1], 0.3)?.add(&Array::scalar(1.0))?));
+    save(&dir.join("model.safetensors"), &t, Dtype::Bfloat16)?;
+    write_json(
+        &dir.join("config.json"),
+        &json!({
+            "architectures": ["Qwen3DSparkModel"],
+            "model_type": "qwen3",
+            "dtype": "bfloat16",
+            "hidden_size": h,
+            "intermediate_size": dims.intermediate,
+            "num_hidden_layers": dims.layers,
+            "num_attention_heads": dims.heads,
+            "num_key_value_heads": dims.kv_heads,
+            "head_dim": hd,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "rms_norm_eps": EPS,
+            "vocab_size": dims.vocab,
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "tie_word_embeddings": false,
+            "num_target_layers": dims.num_target_layers,
+            "target_layer_ids": dims.tap_layers,
+            "block_size": dims.block_size,
+            "mask_token_id": dims.vocab - 1,
+            "num_anchors": 512,
+            "markov_rank": r,
+            "markov_head_type": "vanilla",
+            "enable_confidence_head": true,
+            "confidence_head_with_markov": true,
+            "layer_types": vec!["full_attention"; dims.layers],
+        }),
+    )
+}
+
 /// Writes a `Qwen3DSparkModel` drafter for the target in `target_dir` into `dir` (which
 /// must exist), in DeepSpec's layout (`config.json` with the drafter fields, one bf16
-/// `model.safetensors` with flat keys): 2 draft layers, taps [0, 1, 2], block 7, mask 255,
-/// a vanilla Markov head of rank 64 holding the target's bigram logits (see the module
-/// docs), and a confidence head on `[h; W1[prev]]`. `embed_tokens` is the target's, as
-/// DeepSpec ships it.
+/// `model.safetensors` with flat keys): [`DrafterDims::tiny`], mask 255, a vanilla Markov
+/// head of rank 64 holding the target's bigram logits (see the module docs), and a
+/// confidence head on `[h; W1[prev]]`. `embed_tokens` is the target's, as DeepSpec ships it.
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] / [`crate::Error::Model`] when the target cannot be read or a file
@@ -148,67 +258,25 @@ pub fn write_tiny_dspark(dir: &Path, target_dir: &Path, seed: u64) -> Result<()>
     let final_norm = target.get("model.norm.weight")?.clone();
     let target_head = target.get("lm_head.weight")?.clone();
     let mut d = Draw { seed: seed ^ 0x5eed_d5a4, next: 0 };
-    let r = HIDDEN;
-    let t_feat = TAP_LAYERS.len() * HIDDEN;
-    let mut t: Vec<(String, Array)> = vec![
-        ("embed_tokens.weight".into(), embed.clone()),
-        ("lm_head.weight".into(), d.linear(VOCAB, HIDDEN, 0.5)?),
-        ("fc.weight".into(), d.linear(HIDDEN, t_feat, 1.0)?),
-        ("hidden_norm.weight".into(), d.norm(HIDDEN)?),
-        ("norm.weight".into(), d.norm(HIDDEN)?),
-    ];
-    for i in 0..DRAFT_LAYERS {
-        let p = format!("layers.{i}");
-        let a = format!("{p}.self_attn");
-        t.push((format!("{p}.input_layernorm.weight"), d.norm(HIDDEN)?));
-        t.push((format!("{p}.post_attention_layernorm.weight"), d.norm(HIDDEN)?));
-        t.push((format!("{a}.q_proj.weight"), d.linear(HEADS * HEAD_DIM, HIDDEN, 1.0)?));
-        t.push((format!("{a}.k_proj.weight"), d.linear(KV_HEADS * HEAD_DIM, HIDDEN, 1.0)?));
-        t.push((format!("{a}.v_proj.weight"), d.linear(KV_HEADS * HEAD_DIM, HIDDEN, 1.0)?));
-        t.push((format!("{a}.o_proj.weight"), d.linear(HIDDEN, HEADS * HEAD_DIM, 1.0)?));
-        t.push((format!("{a}.q_norm.weight"), d.norm(HEAD_DIM)?));
-        t.push((format!("{a}.k_norm.weight"), d.norm(HEAD_DIM)?));
-        t.push((format!("{p}.mlp.gate_proj.weight"), d.linear(INTERMEDIATE, HIDDEN, 1.0)?));
-        t.push((format!("{p}.mlp.up_proj.weight"), d.linear(INTERMEDIATE, HIDDEN, 1.0)?));
-        t.push((format!("{p}.mlp.down_proj.weight"), d.linear(HIDDEN, INTERMEDIATE, 1.0)?));
-    }
     // W1[prev] = norm.weight ⊙ rms(E[prev]), W2 = the target's head: W2 · W1[prev] is the
     // target's logits for a residual stream equal to the embedding of prev.
-    t.push(("markov_head.markov_w1.weight".into(), fast::rms_norm(&embed, Some(&final_norm), EPS as f32)?));
-    t.push(("markov_head.markov_w2.weight".into(), target_head));
-    t.push(("confidence_head.proj.weight".into(), d.normal(&[1, HIDDEN + r], 1.5 / ((HIDDEN + r) as f32).sqrt())?));
-    t.push(("confidence_head.proj.bias".into(), d.normal(&[1], 0.3)?.add(&Array::scalar(1.0))?));
-    save(&dir.join("model.safetensors"), &t, Dtype::Bfloat16)?;
-    write_json(
-        &dir.join("config.json"),
-        &json!({
-            "architectures": ["Qwen3DSparkModel"],
-            "model_type": "qwen3",
-            "dtype": "bfloat16",
-            "hidden_size": HIDDEN,
-            "intermediate_size": INTERMEDIATE,
-            "num_hidden_layers": DRAFT_LAYERS,
-            "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS,
-            "head_dim": HEAD_DIM,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "rms_norm_eps": EPS,
-            "vocab_size": VOCAB,
-            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-            "tie_word_embeddings": false,
-            "num_target_layers": TARGET_LAYERS,
-            "target_layer_ids": TAP_LAYERS,
-            "block_size": BLOCK_SIZE,
-            "mask_token_id": MASK_TOKEN,
-            "num_anchors": 512,
-            "markov_rank": r,
-            "markov_head_type": "vanilla",
-            "enable_confidence_head": true,
-            "confidence_head_with_markov": true,
-            "layer_types": vec!["full_attention"; DRAFT_LAYERS],
-        }),
-    )
+    let w1 = fast::rms_norm(&embed, Some(&final_norm), EPS as f32)?;
+    write_dspark(dir, &DrafterDims::tiny(), &mut d, embed, w1, target_head)
+}
+
+/// Writes a drafter of shape `dims` with random weights into `dir` (which must exist), as
+/// DeepSpec's goldens initialise theirs (embedding `0.5 N(0, 1)`, `W1` `N(0, 1)`, `W2`
+/// `0.8 N(0, 1) / sqrt(r)`); for benchmarks and load tests at other sizes. Mask token
+/// `V - 1`.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] / [`crate::Error::Model`] when a file cannot be written.
+pub fn write_random_dspark(dir: &Path, dims: &DrafterDims, seed: u64) -> Result<()> {
+    let mut d = Draw { seed, next: 0 };
+    let embed = d.normal(&[dims.vocab, dims.hidden], 0.5)?;
+    let w1 = d.normal(&[dims.vocab, dims.markov_rank], 1.0)?;
+    let w2 = d.normal(&[dims.vocab, dims.markov_rank], 0.8 / (dims.markov_rank as f32).sqrt())?;
+    write_dspark(dir, dims, &mut d, embed, w1, w2)
 }
 
 /// Writes an affine-quantized copy of the drafter `src` into `dst` (which must exist), in
