@@ -14,7 +14,7 @@ use mlx_core::{Array, Dtype, concatenate};
 use models::generate::{generate, ids};
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::dspark::{DSparkProvider, DSparkSource};
-use spec::{DraftProvider, DraftSource, Error, SpecStats, speculative_generate};
+use spec::{Acceptance, DraftProvider, DraftSource, Error, SpecOptions, SpecStats, speculative_generate};
 
 const SEED: u64 = 11;
 const LAYER_GAIN: f32 = 0.3;
@@ -256,4 +256,38 @@ fn embedding_tap_is_refused() {
         Ok(_) => panic!("a -1 tap must be refused"),
     };
     assert!(matches!(err, Error::Incompatible { .. }) && err.to_string().contains("-1"), "{err}");
+}
+
+/// Under the Leviathan/Chen rule the greedy DSpark drafts count as one-hot `q` (the
+/// default `draft_probs`): a sampled request runs and keeps the stats invariants. With a
+/// one-hot `q` both rules accept draft `d` with probability `p(d)`, so their acceptance
+/// counts agree up to sampling noise.
+#[test]
+fn rejection_rule_runs_with_one_hot_drafts() {
+    let p = pair(&[("bf16", None)]);
+    let provider = &p.drafters[0].1;
+    let (mut exact, mut rejection) = (0, 0);
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let params = GenerateParams {
+            max_tokens: 40,
+            sampler: Sampler { temp: 0.7, seed: 99 + i as u64, ..Sampler::default() },
+            eos: vec![],
+        };
+        for (acceptance, total) in [(Acceptance::ExactMatch, &mut exact), (Acceptance::Rejection, &mut rejection)] {
+            let mut source = provider.open(&p.target, &params.sampler).unwrap();
+            let options = SpecOptions { num_draft_tokens: BLOCK_SIZE, acceptance };
+            let mut out = Vec::new();
+            let stats = speculative_generate(&p.target, source.as_mut(), prompt, &params, options, |t| {
+                out.push(t);
+                true
+            })
+            .unwrap();
+            stats.check().unwrap();
+            assert_eq!(out.len(), 40);
+            *total += stats.accepted;
+        }
+    }
+    eprintln!("accepted drafts: exact match {exact}, rejection rule {rejection}");
+    let (lo, hi) = (exact.min(rejection) as f64, exact.max(rejection) as f64);
+    assert!(lo > 0.0 && hi / lo < 1.3, "exact {exact}, rejection {rejection}");
 }
