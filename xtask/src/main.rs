@@ -80,8 +80,40 @@ struct BenchSpecArgs {
     python: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct AbArgs {
+    /// Target model directory.
+    #[arg(long)]
+    target: PathBuf,
+    /// Baseline drafter: `ngram` or a draft model directory.
+    #[arg(long)]
+    drafter_a: String,
+    /// Candidate drafter (e.g. the quantized copy of A).
+    #[arg(long)]
+    drafter_b: String,
+    /// Prompts from fixtures/prompts/spec-equality.jsonl, alternating grounded and free-form.
+    #[arg(long, default_value_t = 32)]
+    num_prompts: usize,
+    /// Drafts per round.
+    #[arg(long, default_value_t = 3)]
+    num_draft_tokens: usize,
+    /// Tokens per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Largest acceptance drop (percentage points) that passes.
+    #[arg(long, default_value_t = 3.0)]
+    max_drop: f64,
+    /// Where ab.json and ab.png go.
+    #[arg(long, default_value = "target/ab")]
+    out: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Acceptance A/B of two drafters on one target at temperature 0: per arm acceptance,
+    /// tau, tokens/s and acceptance by draft position, paired per prompt; PASS when B loses
+    /// at most --max-drop points and is faster. Writes ab.json and ab.png.
+    Ab(AbArgs),
     /// Run every test of the workspace.
     Test {
         /// Also run the `#[ignore]`d long tests (the Qwen2.5-Coder 0.5B -> 1.5B pair, the
@@ -114,6 +146,7 @@ enum Cmd {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Test { full, args } => test(full, &args),
+        Cmd::Ab(args) => ab(args),
         Cmd::Bench { which: Some(BenchWhich::Spec(args)), .. } => bench_spec(args),
         Cmd::Bench { report_only, which: None } => bench(report_only),
         Cmd::Goldens => goldens(),
@@ -318,6 +351,22 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn ab(a: AbArgs) -> Result<()> {
+    let out = if a.out.is_absolute() { a.out.clone() } else { std::env::current_dir()?.join(&a.out) };
+    let mut c = cargo();
+    c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "ab", "--"])
+        .arg("--target")
+        .arg(&a.target)
+        .args(["--drafter-a", &a.drafter_a, "--drafter-b", &a.drafter_b])
+        .arg("--prompts")
+        .arg(root().join("fixtures/prompts/spec-equality.jsonl"))
+        .args(["--num-prompts", &a.num_prompts.to_string(), "--num-draft-tokens", &a.num_draft_tokens.to_string()])
+        .args(["--max-tokens", &a.max_tokens.to_string(), "--max-drop", &a.max_drop.to_string()])
+        .arg("--out")
+        .arg(out);
+    run(c)
 }
 
 fn bench_spec(a: BenchSpecArgs) -> Result<()> {

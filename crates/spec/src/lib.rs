@@ -9,6 +9,7 @@
 //! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
 //!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling).
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
+//! - [`ab`]: the acceptance A/B of two drafters on one target.
 //! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
 //! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
 //!   [`two_model::check_tokenizers`] refuses a mismatched pair.
@@ -33,6 +34,7 @@
 //! # }
 //! ```
 
+pub mod ab;
 pub mod dspark;
 mod error;
 mod executor;
