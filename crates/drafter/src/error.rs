@@ -55,6 +55,9 @@ pub enum Error {
     /// input).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The generic quantizer failed (see [`crate::quant::quantize_drafter_dir`]).
+    #[error(transparent)]
+    Quantize(#[from] quantize::Error),
 }
 
 /// `Result` with this crate's [`Error`].
