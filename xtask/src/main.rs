@@ -111,8 +111,30 @@ struct AbArgs {
     out: PathBuf,
 }
 
+#[derive(clap::Args)]
+struct QuantizeDrafterArgs {
+    /// DeepSpec drafter checkpoint (bf16).
+    #[arg(long)]
+    src: PathBuf,
+    /// Destination directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// 4 or 8.
+    #[arg(long, default_value_t = 4)]
+    bits: i32,
+    /// 32 or 64.
+    #[arg(long, default_value_t = 64)]
+    group_size: i32,
+    /// Replace an existing destination.
+    #[arg(long)]
+    force: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Quantize a DeepSpec drafter with the drafter policy (`mlx-spec quantize-drafter`, built
+    /// in release mode): every eligible tensor but the confidence head, then a load smoke.
+    QuantizeDrafter(QuantizeDrafterArgs),
     /// Acceptance A/B of two drafters on one target at temperature 0: per arm acceptance,
     /// tau, tokens/s and acceptance by draft position, paired per prompt; PASS when B loses
     /// at most --max-drop points and is faster. Writes ab.json and ab.png.
@@ -152,6 +174,18 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Test { full, args } => test(full, &args),
         Cmd::Ab(args) => ab(args),
+        Cmd::QuantizeDrafter(a) => {
+            let mut c = cargo();
+            c.args(["run", "--release", "--quiet", "-p", "mlx-spec", "--", "quantize-drafter", "--src"])
+                .arg(absolute(&a.src)?)
+                .arg("--out")
+                .arg(absolute(&a.out)?)
+                .args(["--bits", &a.bits.to_string(), "--group-size", &a.group_size.to_string()]);
+            if a.force {
+                c.arg("--force");
+            }
+            run(c)
+        }
         Cmd::Bench { which: Some(BenchWhich::Spec(args)), .. } => bench_spec(args),
         Cmd::Bench { report_only, which: None } => bench(report_only),
         Cmd::Goldens => goldens(),
@@ -359,13 +393,21 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `path` relative to the caller's directory (cargo runs xtask's children at the root).
+fn absolute(path: &Path) -> Result<PathBuf> {
+    Ok(if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) })
+}
+
 fn ab(a: AbArgs) -> Result<()> {
-    let out = if a.out.is_absolute() { a.out.clone() } else { std::env::current_dir()?.join(&a.out) };
+    let out = absolute(&a.out)?;
     let mut c = cargo();
     c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "ab", "--"])
         .arg("--target")
-        .arg(&a.target)
-        .args(["--drafter-a", &a.drafter_a, "--drafter-b", &a.drafter_b])
+        .arg(absolute(&a.target)?)
+        .arg("--drafter-a")
+        .arg(if a.drafter_a == "ngram" { "ngram".into() } else { absolute(Path::new(&a.drafter_a))? })
+        .arg("--drafter-b")
+        .arg(if a.drafter_b == "ngram" { "ngram".into() } else { absolute(Path::new(&a.drafter_b))? })
         .arg("--prompts")
         .arg(root().join("fixtures/prompts/spec-equality.jsonl"))
         .args(["--num-prompts", &a.num_prompts.to_string(), "--num-draft-tokens", &a.num_draft_tokens.to_string()])

@@ -52,13 +52,16 @@ pub(crate) struct GenerateArgs {
     /// weight files, which is what mlx-lm does). Applies to the draft model too.
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Speculative decoding with this draft model (mlx-lm layout, the target's tokenizer).
+    /// Speculative decoding with this draft model: a small model of the target's family
+    /// (mlx-lm layout, the target's tokenizer), or a DeepSpec DSpark drafter checkpoint
+    /// (`architectures[0]` `Qwen3DSparkModel` / `Gemma4DSparkModel`, bf16 or quantized).
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// The drafter: `model` (needs --draft-model; implied by it) or `ngram` (prompt lookup).
     #[arg(long, value_enum)]
     draft_kind: Option<DraftKind>,
-    /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), 10 with n-gram.
+    /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), the block size with a
+    /// DSpark drafter, 10 with n-gram.
     #[arg(long)]
     num_draft_tokens: Option<usize>,
     /// N-gram lookup: the longest trailing n-gram tried first [default: 3].
@@ -73,6 +76,10 @@ pub(crate) struct GenerateArgs {
     /// tokens). Greedy decoding ignores it.
     #[arg(long, default_value = "exact")]
     acceptance: Acceptance,
+    /// DSpark drafters: cut each block before the first position whose confidence is below
+    /// this (0 = off).
+    #[arg(long)]
+    confidence_threshold: Option<f32>,
     /// Print the statistics as JSON on stderr.
     #[arg(long)]
     stats_json: bool,
@@ -92,7 +99,7 @@ enum DraftKind {
 enum Drafting {
     Plain,
     Ngram { max: usize, min: usize, n: usize },
-    Model { dir: PathBuf, n: usize },
+    Model { dir: PathBuf, n: Option<usize> },
 }
 
 impl Drafting {
@@ -149,6 +156,9 @@ fn drafting(a: &GenerateArgs) -> Result<Drafting> {
     if kind.is_none() && a.num_draft_tokens.is_some() {
         bail!("--num-draft-tokens needs a drafter: --draft-model DIR or --draft-kind ngram");
     }
+    if kind != Some(DraftKind::Model) && a.confidence_threshold.is_some() {
+        bail!("--confidence-threshold applies to DSpark drafters (--draft-model DIR) only");
+    }
     if kind.is_none() && a.acceptance != Acceptance::ExactMatch {
         bail!("--acceptance needs a drafter: --draft-model DIR or --draft-kind ngram");
     }
@@ -165,7 +175,7 @@ fn drafting(a: &GenerateArgs) -> Result<Drafting> {
         Some(DraftKind::Model) => {
             let dir = a.draft_model.clone().expect("kind Model has a directory");
             check_model_dir(&dir, "--draft-model")?;
-            Drafting::Model { dir, n: a.num_draft_tokens.unwrap_or(spec::two_model::DEFAULT_NUM_DRAFT_TOKENS) }
+            Drafting::Model { dir, n: a.num_draft_tokens }
         }
     })
 }
@@ -234,6 +244,7 @@ fn load_drafter(
     target_dir: &Path,
     load: &LoadOptions,
     acceptance: Acceptance,
+    confidence_threshold: Option<f32>,
 ) -> Result<Option<(Box<dyn DraftProvider>, SpecOptions)>> {
     Ok(match drafting {
         Drafting::Plain => None,
@@ -241,7 +252,18 @@ fn load_drafter(
             let provider = NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?;
             Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
         }
+        Drafting::Model { dir, n } if drafter::DrafterConfig::from_dir(dir).is_ok() => {
+            let d = drafter::Drafter::load(dir, load)
+                .with_context(|| format!("loading DSpark drafter {}", dir.display()))?;
+            let n = n.unwrap_or(d.block_size());
+            let provider = spec::dspark::DSparkProvider::new(d, dir.display().to_string())?
+                .with_confidence_threshold(confidence_threshold.unwrap_or(0.0));
+            Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
+        }
         Drafting::Model { dir, n } => {
+            if confidence_threshold.is_some() {
+                bail!("--confidence-threshold: {} is not a DSpark drafter", dir.display());
+            }
             let draft_tok =
                 Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
             check_tokenizers(&draft_tok, target_tok, &dir.display().to_string(), &target_dir.display().to_string())?;
@@ -250,7 +272,8 @@ fn load_drafter(
             let sampling =
                 if acceptance == Acceptance::Rejection { DraftSampling::Request } else { DraftSampling::Greedy };
             let provider = TwoModelProvider::new(model, dir.display().to_string()).with_sampling(sampling);
-            Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
+            let n = n.unwrap_or(spec::two_model::DEFAULT_NUM_DRAFT_TOKENS);
+            Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
         }
     })
 }
@@ -263,7 +286,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let load = LoadOptions { dtype };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
-    let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance)?;
+    let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance, a.confidence_threshold)?;
     let ids = prompt_ids(&a, &tok)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };

@@ -44,6 +44,9 @@ enum Command {
     ImportGguf(ImportArgs),
     /// Quantize a model directory (affine, mlx-lm format), like `mlx_lm.convert -q`.
     Quantize(quantize::QuantizeArgs),
+    /// Quantize a DeepSpec DSpark drafter (4/8-bit; the confidence head stays dense), then
+    /// reload it and run one context projection.
+    QuantizeDrafter(quantize::QuantizeDrafterArgs),
 }
 
 #[derive(Args)]
@@ -83,6 +86,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => generate_cmd(args),
         Command::ImportGguf(args) => import_cmd(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::QuantizeDrafter(args) => quantize::run_drafter(args),
     }
 }
 

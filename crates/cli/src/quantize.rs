@@ -1,11 +1,13 @@
 //! `mlx-spec quantize`: affine-quantizes a model directory with the generic quantizer
-//! (crate `quantize`), with `mlx_lm.convert`'s flag names.
+//! (crate `quantize`), with `mlx_lm.convert`'s flag names; `mlx-spec quantize-drafter`:
+//! the same for DeepSpec drafter checkpoints under the drafter policy
+//! ([`drafter::quant::quantize_drafter_dir`]).
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use quantize::{Action, Progress, QuantizeOptions, quantize_model_dir};
+use quantize::{Action, Progress, QuantizeOptions, QuantizeResult, quantize_model_dir};
 
 /// Arguments of `mlx-spec quantize` (`mlx_lm.convert -q` names; `--model`/`--out` also work).
 #[derive(Args)]
@@ -43,6 +45,52 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
         force: a.force,
         ..QuantizeOptions::default()
     };
+    let (bar, mut cb) = progress_bar();
+    let r = quantize_model_dir(&a.hf_path, &a.mlx_path, &options, &mut cb)
+        .with_context(|| format!("quantizing {} into {}", a.hf_path.display(), a.mlx_path.display()))?;
+    bar.finish_and_clear();
+    summary(&r);
+    Ok(())
+}
+
+/// Arguments of `mlx-spec quantize-drafter`.
+#[derive(Args)]
+pub struct QuantizeDrafterArgs {
+    /// DeepSpec drafter checkpoint (bf16; `architectures[0]` `Qwen3DSparkModel` or
+    /// `Gemma4DSparkModel`).
+    #[arg(long, visible_alias = "model", value_name = "SRC")]
+    src: PathBuf,
+    /// Destination directory; must not exist unless --force.
+    #[arg(long, visible_alias = "mlx-path", value_name = "DST")]
+    out: PathBuf,
+    /// Bits per weight: 4 or 8.
+    #[arg(long, default_value_t = 4)]
+    bits: i32,
+    /// Weights per scale/bias group: 32 or 64.
+    #[arg(long, default_value_t = 64)]
+    group_size: i32,
+    /// Replace an existing destination (once the new one is complete and loads).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `quantize-drafter`: a progress bar, then the summary and the load smoke's result.
+pub fn run_drafter(a: QuantizeDrafterArgs) -> Result<()> {
+    let (bar, mut cb) = progress_bar();
+    let r = drafter::quant::quantize_drafter_dir(&a.src, &a.out, a.bits, a.group_size, a.force, &mut cb)
+        .with_context(|| format!("quantizing drafter {} into {}", a.src.display(), a.out.display()))?;
+    bar.finish_and_clear();
+    summary(&r.quantize);
+    eprintln!(
+        "load smoke: context projection of a zero row -> {:?}; {} modules load quantized",
+        r.smoke.projection_shape,
+        r.smoke.quantized_modules.len()
+    );
+    Ok(())
+}
+
+/// A progress bar on stderr fed by the quantizer's events.
+fn progress_bar() -> (ProgressBar, impl FnMut(Progress)) {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} {msg:48!} [{bar:30}] {pos}/{len} {elapsed}")
@@ -50,7 +98,7 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
             .progress_chars("=> "),
     );
     let b = bar.clone();
-    let mut cb = move |p: Progress| match p {
+    let cb = move |p: Progress| match p {
         Progress::Loading { files, tensors, bytes } => {
             b.set_message(format!("loading: {tensors} tensors in {files} file(s), {} MB", bytes >> 20))
         }
@@ -68,9 +116,11 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
         Progress::Done { .. } => b.finish_with_message("done"),
         _ => {}
     };
-    let r = quantize_model_dir(&a.hf_path, &a.mlx_path, &options, &mut cb)
-        .with_context(|| format!("quantizing {} into {}", a.hf_path.display(), a.mlx_path.display()))?;
-    bar.finish_and_clear();
+    (bar, cb)
+}
+
+/// The one-line summary of a quantizer run.
+fn summary(r: &QuantizeResult) {
     eprintln!(
         "{}: {} modules quantized ({}-bit, group {}), {} kept in full precision, {} tensors copied; \
          {:.3} bits per weight ({:.3} over quantized modules); {:.1} MB in {} file(s), {:.1} s",
@@ -86,5 +136,4 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
         r.weight_files.len(),
         r.seconds
     );
-    Ok(())
 }

@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use mlx_core::io::save_safetensors;
-use mlx_core::quant::{QuantSpec, quantize};
+use mlx_core::quant::QuantSpec;
 use mlx_core::random::{Key, normal};
 use mlx_core::{Array, Dtype, fast};
 use serde_json::{Value, json};
@@ -279,47 +279,16 @@ pub fn write_random_dspark(dir: &Path, dims: &DrafterDims, seed: u64) -> Result<
     write_dspark(dir, dims, &mut d, embed, w1, w2)
 }
 
-/// Writes an affine-quantized copy of the drafter `src` into `dst` (which must exist), in
-/// the mlx-lm layout: every 2-D `<base>.weight` whose last axis is a multiple of
-/// `spec.group_size`, except `confidence_head.*`, becomes `<base>.weight` (uint32) +
-/// `.scales` + `.biases` (`mlx.core.quantize`); the config gains
-/// `"quantization": {"group_size", "bits", "mode": "affine", "confidence_head.proj": false}`.
-/// Returns the quantized bases, sorted. This is the drafter policy of the issue in its
-/// simplest form, for tests; the product's quantizer lives in its own crate.
+/// Quantizes the drafter in `src` into `dst` with the product's drafter policy
+/// ([`crate::quant::quantize_drafter_dir`]: everything eligible but `confidence_head.*`,
+/// atomic write, load smoke), replacing `dst` if it exists. Returns the quantized module
+/// bases, sorted.
 ///
 /// # Errors
-/// [`crate::Error::Mlx`] / [`crate::Error::Model`] on unreadable input or unwritable output.
+/// Those of [`crate::quant::quantize_drafter_dir`].
 pub fn quantize_drafter_for_tests(src: &Path, dst: &Path, spec: QuantSpec) -> Result<Vec<String>> {
-    let st = mlx_core::io::load_safetensors(src.join("model.safetensors"))?;
-    let mut out: Vec<(String, Array)> = Vec::new();
-    let mut bases = Vec::new();
-    for (name, a) in &st.tensors {
-        let base = name.strip_suffix(".weight");
-        let eligible =
-            base.is_some_and(crate::quant::quantize_predicate) && a.ndim() == 2 && a.shape()[1] % spec.group_size == 0;
-        match base {
-            Some(b) if eligible => {
-                let q = quantize(a, spec)?;
-                out.push((format!("{b}.weight"), q.weight));
-                out.push((format!("{b}.scales"), q.scales));
-                out.push((format!("{b}.biases"), q.biases));
-                bases.push(b.to_string());
-            }
-            _ => out.push((name.clone(), a.clone())),
-        }
-    }
-    save_safetensors(dst.join("model.safetensors"), out.iter().map(|(n, a)| (n.as_str(), a)), [("format", "mlx")])?;
-    let cfg_path = src.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| models::Error::io(&cfg_path, e))?;
-    let mut cfg: Value = serde_json::from_str(&text)
-        .map_err(|e| models::Error::Json { path: cfg_path.clone(), message: e.to_string() })?;
-    cfg["quantization"] = json!({
-        "group_size": spec.group_size,
-        "bits": spec.bits,
-        "mode": "affine",
-        "confidence_head.proj": false,
-    });
-    write_json(&dst.join("config.json"), &cfg)?;
+    let r = crate::quant::quantize_drafter_dir(src, dst, spec.bits, spec.group_size, true, &mut |_| {})?;
+    let mut bases = r.quantize.quantized_modules;
     bases.sort();
     Ok(bases)
 }

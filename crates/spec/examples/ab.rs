@@ -4,8 +4,9 @@
 //! `ab.json` (the whole [`spec::ab::AbReport`]) and `ab.png` (acceptance by draft position
 //! of both arms) into `--out`.
 //!
-//! A drafter is `ngram` or a directory: a model directory in the mlx-lm layout drafts as a
-//! two-model drafter (its tokenizer must be the target's).
+//! A drafter is `ngram` or a directory: a DeepSpec DSpark checkpoint (bf16 or quantized)
+//! drafts through `spec::dspark`; any other model directory in the mlx-lm layout drafts as
+//! a two-model drafter (its tokenizer must be the target's).
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -60,6 +61,10 @@ fn drafter(spec: &str, target_dir: &Path, tok: &Tokenizer, load: &LoadOptions) -
     let dir = Path::new(spec);
     if !dir.join("config.json").is_file() {
         bail!("drafter {spec}: expected `ngram` or a model directory with config.json");
+    }
+    if drafter::DrafterConfig::from_dir(dir).is_ok() {
+        let d = drafter::Drafter::load(dir, load).with_context(|| format!("loading DSpark drafter {spec}"))?;
+        return Ok(Box::new(spec::dspark::DSparkProvider::new(d, spec)?));
     }
     let draft_tok = Tokenizer::from_dir(dir).with_context(|| format!("tokenizer of drafter {spec}"))?;
     check_tokenizers(&draft_tok, tok, spec, &target_dir.display().to_string())?;
