@@ -57,8 +57,14 @@ pub enum Error {
     Invalid(String),
     /// The generic quantizer failed (see [`crate::quant::quantize_drafter_dir`]).
     #[error(transparent)]
-    Quantize(#[from] quantize::Error),
+    Quantize(Box<quantize::Error>),
 }
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<quantize::Error> for Error {
+    fn from(e: quantize::Error) -> Self {
+        Error::Quantize(Box::new(e))
+    }
+}
