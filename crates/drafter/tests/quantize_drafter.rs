@@ -60,7 +60,7 @@ fn quantizes_every_eligible_tensor_but_the_confidence_head() {
                 let base = name.trim_end_matches(".weight");
                 let quantized = header.contains(&format!("{base}.scales"));
                 let shape = tensor_shape(&src.path().join("model.safetensors"), name);
-                let eligible = shape.len() == 2 && shape[1] % group as usize == 0;
+                let eligible = shape.len() == 2 && shape[1].is_multiple_of(group as usize);
                 if base.starts_with("confidence_head") {
                     assert!(!quantized, "{golden}: {base} must stay dense");
                     // The policy is consulted (and records `false`) for shape-eligible modules.
