@@ -13,6 +13,8 @@
 //! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
 //! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
 //!   [`two_model::check_tokenizers`] refuses a mismatched pair.
+//! - [`dspark::DSparkProvider`]: a DeepSpec DSpark / DFlash drafter (`drafter` crate) that
+//!   drafts a block per round from the target's tapped hidden states.
 //!
 //! ```no_run
 //! use models::{GenerateParams, LoadOptions, Sampler, load_model};
@@ -33,6 +35,7 @@
 //! ```
 
 pub mod ab;
+pub mod dspark;
 mod error;
 mod executor;
 pub mod ngram;
