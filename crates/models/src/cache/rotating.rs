@@ -16,9 +16,10 @@
 //! - A longer write (a prefill chunk) returns the stored window in temporal order followed
 //!   by the new rows (as mlx-lm's `_update_concat`), then stores the last `min(L, C)` rows.
 //! - `trim(n)` moves `offset` back; it is exact, and allowed, iff every position the next
-//!   query's window needs is still stored: `max(0, offset - n - W + 1) >= oldest`. After
-//!   any write that is at least `n <= R`, so a verify window of up to `R + 1` tokens can
-//!   always be rolled back by up to `R` positions, at any offset, wrapped or not.
+//!   query's window needs is still stored: `max(0, offset - n - W + 1) >= oldest`. Rolling
+//!   back `n <= min(R, L)` positions of a write of `L` tokens always is, so a verify window
+//!   of `d + 1 <= R + 1` tokens can drop its `d` drafts or any suffix of them, at any
+//!   offset, wrapped or not. (Two trims in a row may reach further back than the ring.)
 //!
 //! The memory cost over mlx-lm's cache is `R - 1` rows per sliding layer (`R = 32` by
 //! default, 6% of Gemma 3's 512-row window); a snapshot of overwritten rows would save
