@@ -224,10 +224,9 @@ impl Gemma {
             if v4 { Ok(n) } else { one_plus(n) }
         };
         let mut layers = Vec::with_capacity(n);
-        for i in 0..n {
+        for (i, &is_sliding) in sliding.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
-            let is_sliding = sliding[i];
             let head_dim = if is_sliding { hd } else { global_hd };
             let use_k_eq_v = k_eq_v && !is_sliding;
             let n_kv = if use_k_eq_v { global_kv.unwrap_or(nkv) } else { nkv };
@@ -237,11 +236,7 @@ impl Gemma {
             } else {
                 gemma3_rope(c, is_sliding, head_dim, &dir)?
             };
-            let scale = if v4 {
-                1.0
-            } else {
-                (get_f64(c, "query_pre_attn_scalar").unwrap_or(256.0) as f32).powf(-0.5)
-            };
+            let scale = if v4 { 1.0 } else { (get_f64(c, "query_pre_attn_scalar").unwrap_or(256.0) as f32).powf(-0.5) };
             let lin = |w: &mut Weights, name: &str, out: usize, inp: usize| Linear::load(w, ctx, name, out, inp, false);
             let (k_proj, v_proj, k_norm) = if has_kv {
                 let k = lin(weights, &format!("{a}.k_proj"), n_kv * head_dim, h)?;
@@ -257,7 +252,8 @@ impl Gemma {
             };
             let ff = c.intermediate_size * if double_wide && i >= cached_layers && cached_layers < n { 2 } else { 1 };
             let m = format!("{p}.mlp");
-            let layer_scalar = if v4 { Some(ctx_cast(ctx, weights.take_shaped(&format!("{p}.layer_scalar"), &[1])?)?) } else { None };
+            let layer_scalar =
+                if v4 { Some(ctx_cast(ctx, weights.take_shaped(&format!("{p}.layer_scalar"), &[1])?)?) } else { None };
             let pli = if ple > 0 {
                 Some(LayerPli {
                     gate: lin(weights, &format!("{p}.per_layer_input_gate"), ple, h)?,
@@ -324,8 +320,9 @@ impl Gemma {
             match c.extra.get("final_logit_softcapping") {
                 None => Some(30.0),
                 Some(Value::Null) => None,
-                Some(v) => Some(v.as_f64().ok_or_else(|| cfg_err(&dir, "final_logit_softcapping", "expected a number"))?
-                    as f32),
+                Some(v) => {
+                    Some(v.as_f64().ok_or_else(|| cfg_err(&dir, "final_logit_softcapping", "expected a number"))? as f32)
+                }
             }
         } else {
             get_f64(c, "final_logit_softcapping").map(|v| v as f32)
@@ -460,9 +457,10 @@ fn gemma3_rope(c: &ModelConfig, sliding: bool, dims: usize, dir: &std::path::Pat
         match kind {
             "default" => {}
             "linear" => {
-                let f = s.get("factor").and_then(Value::as_f64).ok_or_else(|| {
-                    cfg_err(dir, "rope_scaling", "linear scaling needs `factor`")
-                })?;
+                let f = s
+                    .get("factor")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| cfg_err(dir, "rope_scaling", "linear scaling needs `factor`"))?;
                 rope.scale = (1.0 / f) as f32;
             }
             other => {
@@ -515,7 +513,13 @@ fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, d
                 .collect();
             freqs.extend(std::iter::repeat_n(f32::INFINITY, (dims - rotated) / 2));
             let n = freqs.len() as i32;
-            Ok(Rope { dims: d, traditional, base: base as f32, scale: 1.0, freqs: Some(Array::from_slice(&freqs, &[n])?) })
+            Ok(Rope {
+                dims: d,
+                traditional,
+                base: base as f32,
+                scale: 1.0,
+                freqs: Some(Array::from_slice(&freqs, &[n])?),
+            })
         }
         other => Err(Error::Unsupported(format!(
             "rope type `{other}` for gemma4 {key} layers in {}",
@@ -538,7 +542,9 @@ impl Layer {
         let (a, kv) = self.attention(&self.input_layernorm.forward(x)?, cache, reuse, mask, window)?;
         let h = x.add(&self.post_attention_layernorm.forward(&a)?)?;
         let y = self.pre_feedforward_layernorm.forward(&h)?;
-        let m = self.down_proj.forward(&gelu_approx(&self.gate_proj.forward(&y)?)?.multiply(&self.up_proj.forward(&y)?)?)?;
+        let m = self
+            .down_proj
+            .forward(&gelu_approx(&self.gate_proj.forward(&y)?)?.multiply(&self.up_proj.forward(&y)?)?)?;
         let mut h = h.add(&self.post_feedforward_layernorm.forward(&m)?)?;
         if let (Some(p), Some(input)) = (&self.pli, pli) {
             let g = gelu_approx(&p.gate.forward(&h)?)?.multiply(&input)?;

@@ -94,13 +94,7 @@ pub struct Transformer {
 /// The layers of one family of decoders.
 enum Arch {
     /// llama / qwen2 / qwen3.
-    Decoder {
-        embed: Embedding,
-        blocks: Vec<Block>,
-        norm: RmsNorm,
-        lm_head: Option<Linear>,
-        rope: Rope,
-    },
+    Decoder { embed: Embedding, blocks: Vec<Block>, norm: RmsNorm, lm_head: Option<Linear>, rope: Rope },
     /// gemma3 / gemma4.
     Gemma(Box<Gemma>),
 }

@@ -107,7 +107,8 @@ fn gemma3_270m_speculative_equals_plain_past_the_window() {
     check_tokenizers(&Tokenizer::from_dir(&q4_dir).unwrap(), &tok, "gemma-3-270m-4bit", "gemma-3-270m").unwrap();
 
     // The prompt texts of the mlx-lm goldens (math word problems), cut at PROMPT_TOKENS.
-    let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gemma3_270m/goldens.safetensors");
+    let goldens =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gemma3_270m/goldens.safetensors");
     let texts: Vec<String> = serde_json::from_str(&load_safetensors(goldens).unwrap().metadata["prompts"]).unwrap();
     let mut prompt = tok.encode(&format!("{}\n\n{}", texts[2], texts[1]), true).unwrap();
     assert!(prompt.len() >= PROMPT_TOKENS, "prompt of {} tokens", prompt.len());

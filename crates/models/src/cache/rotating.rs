@@ -106,7 +106,9 @@ impl RotatingKvCache {
             let (lo, hi) = (at as i32, (at + len) as i32);
             Ok(ring.slice_update(&part, &[0, 0, lo, 0], &[s[0], s[1], hi, s[3]], &[1, 1, 1, 1])?)
         };
-        let ring = if head == n { put(ring, rows.clone(), start, n)? } else {
+        let ring = if head == n {
+            put(ring, rows.clone(), start, n)?
+        } else {
             put(ring, rows.slice_axis(2, 0, head as i32)?, start, head)?
         };
         if head < n {

@@ -8,13 +8,14 @@ use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::normalizers::replace::Replace;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use super::{TokenizerFiles, tok_err};
@@ -298,7 +299,8 @@ fn merges_from_vocab(tokens: &[String], scores: &HashMap<&str, i64>) -> Vec<(Str
 /// `"▁"`; the pre-tokenizer splits on `" "` (merged with the previous piece); the decoder
 /// is `Replace("▁", " ")`, `ByteFallback`, `Fuse`. Control tokens (`token_type` 3) are special
 /// added tokens and user-defined ones (4, such as `"\n\n"`) plain added tokens, matched on
-/// the raw text. No post-processor: BOS is added per `add_bos_token` of tokenizer_config.json.
+/// the raw text. The post-processor prepends BOS (`<bos> $A`) unless
+/// `tokenizer.ggml.add_bos_token` is false, as Gemma's own tokenizer.json does.
 fn gemma_files(gguf: &Gguf) -> Result<TokenizerFiles> {
     let path = gguf.path.as_path();
     let raw = strings(gguf, "tokenizer.ggml.tokens")?;
@@ -346,6 +348,24 @@ fn gemma_files(gguf: &Gguf) -> Result<TokenizerFiles> {
     };
     tk.add_special_tokens(&added(TOKEN_CONTROL));
     tk.add_tokens(&added(TOKEN_USER_DEFINED));
+    // BOS as Gemma's own tokenizer.json adds it (transformers 5 keeps a tokenizer.json's
+    // post-processor, so mlx-lm adds it too); llama.cpp adds BOS to SentencePiece vocabularies
+    // unless `add_bos_token` says otherwise.
+    if optional_bool(gguf, "tokenizer.ggml.add_bos_token")?.unwrap_or(true)
+        && let Some(id) = optional_number(gguf, "tokenizer.ggml.bos_token_id")?
+    {
+        let bos = tokens
+            .get(id as usize)
+            .ok_or_else(|| tok_err(path, format!("`tokenizer.ggml.bos_token_id` = {id} is not a token id")))?;
+        let template = TemplateProcessing::builder()
+            .try_single(format!("{bos} $A"))
+            .and_then(|b| b.try_pair(format!("{bos} $A {bos}:1 $B:1")))
+            .map_err(|e| tok_err(path, format!("BOS template: {e}")))?
+            .special_tokens(vec![(bos.clone(), id as u32)])
+            .build()
+            .map_err(|e| tok_err(path, format!("BOS template: {e}")))?;
+        tk.with_post_processor(Some(template));
+    }
     let tokenizer_json = tk.to_string(false).map_err(|e| tok_err(path, format!("serializing tokenizer.json: {e}")))?;
     Ok(TokenizerFiles { tokenizer_json, tokenizer_config_json: tokenizer_config(gguf, &tokens)? })
 }
