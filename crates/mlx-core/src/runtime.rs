@@ -109,6 +109,23 @@ pub fn blas_sgemm_calls() -> u64 {
     ffi::blas_sgemm_calls()
 }
 
+/// How many of the [`blas_sgemm_calls`] had `M = 1` or `N = 1` and were answered by one
+/// `cblas_sgemv` of the same provider (the matrix-vector rewrite; see
+/// [`set_gemv_routing`]). Always 0 without the BLAS switch.
+pub fn blas_gemv_calls() -> u64 {
+    ffi::blas_gemv_calls()
+}
+
+/// Turns the matrix-vector rewrite of the BLAS switch on (the default) or off and returns
+/// the previous setting. With it on, an f32 product whose left operand has one row
+/// (`[1, K] @ [K, N]`, one token's activations times a weight) or whose right operand has
+/// one column goes to `cblas_sgemv` instead of `cblas_sgemm` (OpenBLAS 0.3.21 packs the
+/// whole matrix in sgemm for those shapes: 3-4x slower on decode-sized matrices). Results
+/// agree to float rounding (different summation order). No effect without the switch.
+pub fn set_gemv_routing(on: bool) -> bool {
+    ffi::blas_set_gemv_routing(on)
+}
+
 /// A CBLAS provider for MLX's CPU matmuls (Linux wheels only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blas {

@@ -11,6 +11,14 @@
 // `openblas` | `reference` | an absolute path to another CBLAS library overrides it, and
 // `blas_select` switches at run time (benchmarks compare both in one process).
 // Without OpenBLAS on the machine nothing fails: the reference BLAS is used.
+//
+// Matrix-vector shapes: MLX sends every f32 product to cblas_sgemm, including M = 1 (one
+// token's activations times a weight matrix) and N = 1. OpenBLAS's sgemm packs the whole
+// matrix for those shapes (about 4 GB/s here, where sgemv reads the same matrix at 14 GB/s),
+// so the switch rewrites them as one cblas_sgemv of the same provider with the transposes and
+// strides that compute the same product (`route_gemv`). `blas_set_gemv_routing(false)` turns
+// the rewrite off (benchmarks compare both), as does `MLX_SPEC_GEMV=off` (or 0) at start-up;
+// `blas_gemv_calls` counts the rewritten calls.
 #include "mlx-sys/src/shim.h"
 #include "mlx-sys/src/lib.rs.h"
 
@@ -21,6 +29,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 
 extern "C" void cblas_sgemm(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
                             float*, int);
@@ -28,11 +37,17 @@ extern "C" void cblas_sgemm(int, int, int, int, int, int, float, const float*, i
 namespace {
 using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
                           float*, int);
+// cblas_sgemv(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy)
+using sgemv_fn = void (*)(int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+
+// CBLAS enum values (cblas.h).
+constexpr int kRowMajor = 101, kColMajor = 102, kNoTrans = 111, kTrans = 112, kConjTrans = 113;
 
 struct Provider {
   std::string name;
   std::string path;
   sgemm_fn sgemm = nullptr;
+  sgemv_fn sgemv = nullptr;  // optional: without it every call stays a sgemm
 };
 
 // Loads `lib` privately (RTLD_LOCAL, so its other symbols do not leak into the process) and
@@ -41,7 +56,10 @@ Provider load(const std::string& name, const std::string& lib) {
   Provider p{name, lib, nullptr};
   if (lib.empty()) return p;  // dlopen("") would return the executable itself
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h) p.sgemm = reinterpret_cast<sgemm_fn>(dlsym(h, "cblas_sgemm"));
+  if (h) {
+    p.sgemm = reinterpret_cast<sgemm_fn>(dlsym(h, "cblas_sgemm"));
+    p.sgemv = reinterpret_cast<sgemv_fn>(dlsym(h, "cblas_sgemv"));
+  }
   // A library that resolves cblas_sgemm to this very switch would forward to itself forever.
   if (p.sgemm == &cblas_sgemm) p.sgemm = nullptr;
   if (p.sgemm) {
@@ -57,11 +75,58 @@ Provider openblas() { return load("openblas", "libopenblas.so.0"); }
 std::mutex g_mutex;
 Provider g_active;
 std::atomic<sgemm_fn> g_sgemm{nullptr};
+std::atomic<sgemv_fn> g_sgemv{nullptr};
+std::atomic<bool> g_route_gemv{true};
 std::atomic<uint64_t> g_calls{0};
+std::atomic<uint64_t> g_gemv_calls{0};
 
 void install(Provider p) {
   g_active = std::move(p);
+  g_sgemv.store(g_active.sgemv, std::memory_order_release);
   g_sgemm.store(g_active.sgemm, std::memory_order_release);
+}
+
+bool is_trans(int t) { return t == kTrans || t == kConjTrans; }  // real data: ConjTrans == Trans
+
+// Computes C = alpha * op(A) @ op(B) + beta * C with one sgemv when op(A) has one row or
+// op(B) one column; returns false (nothing done) for any other shape or an argument it does
+// not handle, and the caller runs sgemm. All arrays are row-major after the ColMajor swap:
+// a column-major C = op(A) op(B) is the row-major C^T = op(B)^T op(A)^T.
+bool route_gemv(sgemv_fn gemv, int order, int ta, int tb, int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc) {
+  if (order == kColMajor) {
+    std::swap(ta, tb);
+    std::swap(m, n);
+    std::swap(a, b);
+    std::swap(lda, ldb);
+  } else if (order != kRowMajor) {
+    return false;
+  }
+  // K = 0 must still scale C by beta, which a sgemv with an empty dimension skips.
+  if (k <= 0 || m <= 0 || n <= 0 || lda <= 0 || ldb <= 0 || ldc <= 0) return false;
+  if (m == 1) {
+    // x = op(A)[0, :] (K values): A is [1, K] (stride 1) or, transposed, [K, 1] (stride lda).
+    int incx = is_trans(ta) ? lda : 1;
+    // y[1, N] = x @ op(B): B [K, N] -> B^T x (Trans); B^T stored as [N, K] -> B x (NoTrans).
+    if (is_trans(tb)) {
+      gemv(kRowMajor, kNoTrans, n, k, alpha, b, ldb, a, incx, beta, c, 1);
+    } else {
+      gemv(kRowMajor, kTrans, k, n, alpha, b, ldb, a, incx, beta, c, 1);
+    }
+    return true;
+  }
+  if (n == 1) {
+    // x = op(B)[:, 0]: B is [K, 1] (stride ldb) or, transposed, [1, K] (stride 1).
+    int incx = is_trans(tb) ? 1 : ldb;
+    // y[M, 1] (stride ldc) = op(A) x: A [M, K] -> A x; A stored [K, M] -> A^T x.
+    if (is_trans(ta)) {
+      gemv(kRowMajor, kTrans, k, m, alpha, a, lda, b, incx, beta, c, ldc);
+    } else {
+      gemv(kRowMajor, kNoTrans, m, k, alpha, a, lda, b, incx, beta, c, ldc);
+    }
+    return true;
+  }
+  return false;
 }
 
 // Picks the default provider once (under g_mutex).
@@ -87,6 +152,8 @@ void ensure_selected() {
   }
   if (!p.sgemm) p = reference();
   if (!p.sgemm) std::abort();  // the wheel's own BLAS is a dependency of libmlx: cannot be missing
+  const char* gemv = std::getenv("MLX_SPEC_GEMV");
+  if (gemv && (std::string(gemv) == "0" || std::string(gemv) == "off")) g_route_gemv.store(false);
   install(std::move(p));
 }
 
@@ -111,6 +178,12 @@ extern "C" __attribute__((visibility("default"))) void cblas_sgemm(int order, in
                                                                     float* c, int ldc) {
   ensure_selected();
   g_calls.fetch_add(1, std::memory_order_relaxed);
+  sgemv_fn gemv = g_sgemv.load(std::memory_order_acquire);
+  if (gemv && (m == 1 || n == 1) && g_route_gemv.load(std::memory_order_relaxed) &&
+      route_gemv(gemv, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+    g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   g_sgemm.load(std::memory_order_acquire)(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -122,6 +195,10 @@ rust::String blas_info() {
 }
 
 uint64_t blas_sgemm_calls() { return g_calls.load(std::memory_order_relaxed); }
+
+uint64_t blas_gemv_calls() { return g_gemv_calls.load(std::memory_order_relaxed); }
+
+bool blas_set_gemv_routing(bool on) { return g_route_gemv.exchange(on); }
 
 bool blas_select(rust::Str which) {
   std::string w(which);

@@ -278,6 +278,22 @@ pub mod ffi {
         fn blas_info() -> String;
         fn blas_select(which: &str) -> bool;
         fn blas_sgemm_calls() -> u64;
+
+        fn cpu_quantized_matmul(
+            x: &MxArray,
+            w: &MxArray,
+            scales: &MxArray,
+            biases: &MxArray,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<MxArray>>;
+        fn cpu_qmm_isa() -> String;
+        fn cpu_qmm_force_portable(on: bool) -> bool;
+        fn cpu_qmm_calls() -> u64;
+        fn cpu_qmm_threads() -> i32;
+        fn cpu_qmm_set_threads(n: i32);
+        fn blas_gemv_calls() -> u64;
+        fn blas_set_gemv_routing(on: bool) -> bool;
     }
 }
 

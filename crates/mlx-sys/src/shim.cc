@@ -404,5 +404,7 @@ bool cuda_available() { return mx::cu::is_available(); }
 rust::String blas_info() { return rust::String("the BLAS libmlx was built with (no runtime switch on this platform)"); }
 bool blas_select(rust::Str) { return false; }
 uint64_t blas_sgemm_calls() { return 0; }
+uint64_t blas_gemv_calls() { return 0; }
+bool blas_set_gemv_routing(bool) { return false; }
 #endif
 }  // namespace mlxsys

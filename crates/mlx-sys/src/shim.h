@@ -143,5 +143,26 @@ bool metal_available();
 bool cuda_available();
 rust::String blas_info();
 bool blas_select(rust::Str which);
+// --- fast CPU affine quantized matmul (src/qmm.cc)
+// x [..., K] @ dequantize(w, scales, biases)^T -> [..., N] float32, as a lazy MLX array whose
+// primitive (QuantizedMatmulCpu) runs an AVX2/FMA or portable kernel on the CPU stream.
+// bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
+std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
+                                            int32_t group_size, int32_t bits);
+// "avx2+fma" or "portable": the kernel the next evaluation uses.
+rust::String cpu_qmm_isa();
+// Forces the portable kernel (tests); returns the previous setting.
+bool cpu_qmm_force_portable(bool on);
+// Products the kernel has evaluated since the process started.
+uint64_t cpu_qmm_calls();
+// Threads the kernel splits output features over (default: all cores, MLX_SPEC_QMM_THREADS).
+int32_t cpu_qmm_threads();
+void cpu_qmm_set_threads(int32_t n);
+
+// Calls of cblas_sgemm made by libmlx (all shapes) since the process started.
 uint64_t blas_sgemm_calls();
+// Of those, the calls with M = 1 or N = 1 that were answered by one cblas_sgemv.
+uint64_t blas_gemv_calls();
+// Turns the sgemv rewrite of matrix-vector products on or off; returns the previous setting.
+bool blas_set_gemv_routing(bool on);
 }  // namespace mlxsys

@@ -64,6 +64,11 @@ impl LoadContext {
 }
 
 /// `y = x @ W^T + b` with `W [out, in]` dense or quantized.
+///
+/// A quantized weight runs on the fast CPU kernel of [`mlx_core::cpu_quant`] on the CPU
+/// backend when it qualifies (4 or 8 bits, float32 activations and scales: the default
+/// `--dtype float32`), and on MLX's `quantized_matmul` otherwise (Metal, CUDA, f16/bf16,
+/// other bit widths, or `MLX_SPEC_QMM=mlx`).
 #[derive(Debug, Clone)]
 pub enum Linear {
     /// Dense weight `[out, in]` and optional bias `[out]`.
@@ -106,7 +111,7 @@ impl Linear {
             Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?)?,
             Linear::Dense { weight, bias: Some(b) } => b.addmm(x, &weight.t()?, 1.0, 1.0)?,
             Linear::Quantized { weight, bias } => {
-                let y = weight.matmul_t(x)?;
+                let y = weight.matmul_t_auto(x)?;
                 match bias {
                     Some(b) => y.add(b)?,
                     None => y,
@@ -158,7 +163,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense(w) => x.matmul(&w.t()?)?,
-            Embedding::Quantized(q) => q.matmul_t(x)?,
+            Embedding::Quantized(q) => q.matmul_t_auto(x)?,
         })
     }
 }

@@ -9,9 +9,12 @@
 //! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
 //!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling).
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
+//! - [`ab`]: the acceptance A/B of two drafters on one target.
 //! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
 //! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
 //!   [`two_model::check_tokenizers`] refuses a mismatched pair.
+//! - [`dspark::DSparkProvider`]: a DeepSpec DSpark / DFlash drafter (`drafter` crate) that
+//!   drafts a block per round from the target's tapped hidden states.
 //!
 //! ```no_run
 //! use models::{GenerateParams, LoadOptions, Sampler, load_model};
@@ -31,6 +34,8 @@
 //! # }
 //! ```
 
+pub mod ab;
+pub mod dspark;
 mod error;
 mod executor;
 pub mod ngram;

@@ -1,0 +1,122 @@
+//! A fast CPU kernel for affine quantized matmul (`x @ dequantize(W)^T`), for the MLX CPU
+//! backend, where the wheel's own `quantized_matmul` is scalar SSE2 code (about 1 GB/s of
+//! weights) whose cost grows linearly with the number of activation rows.
+//!
+//! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/qmm.cc`): a
+//! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
+//! packed weight row once per call for all activation rows (a verify window of `T <= 16`
+//! tokens costs little more than one token), uses AVX2 + FMA when the CPU has them (checked
+//! at run time; a portable path otherwise) and splits the output features over all cores
+//! (`MLX_SPEC_QMM_THREADS` or [`set_threads`]).
+//!
+//! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
+//! float32 activations, scales and biases (load models with `dtype = Float32`, the fast
+//! choice on this backend anyway). [`supports`] says whether a matrix and input qualify;
+//! callers fall back to [`crate::quant::quantized_matmul`] otherwise.
+//!
+//! Results equal MLX's `quantized_matmul` up to float rounding (another summation order):
+//! the tests allow `|Δ| <= 1e-5 * Σ_k |x_k * w_k| + 1e-6` per output element.
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use mlx_sys::ffi;
+
+use crate::array::wrap;
+use crate::quant::{QuantSpec, QuantizedMatrix};
+use crate::runtime::{Backend, backend};
+use crate::{Array, Dtype, Result};
+
+/// Bit widths the kernel handles.
+pub const KERNEL_BITS: [i32; 2] = [4, 8];
+
+/// `x [..., K]` (float32) times the transpose of the quantized `W [N, K]`: `[..., N]`
+/// float32, lazy. `weight` uint32 `[N, K * bits / 32]`, `scales`/`biases` float32
+/// `[N, K / group_size]` (mlx's affine layout).
+///
+/// # Errors
+/// [`crate::Error::Mlx`] naming the problem when the spec is not 4/8-bit, a dtype is not
+/// float32, the shapes disagree, or the default device is not the CPU.
+pub fn quantized_matmul_t(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Result<Array> {
+    wrap(
+        "cpu_quantized_matmul",
+        ffi::cpu_quantized_matmul(x.raw(), weight.raw(), scales.raw(), biases.raw(), spec.group_size, spec.bits),
+    )
+}
+
+/// Whether [`quantized_matmul_t`] accepts `q` with an input of dtype `x`: 4 or 8 bits,
+/// float32 scales and biases and activations.
+pub fn supports(q: &QuantizedMatrix, x: Dtype) -> bool {
+    KERNEL_BITS.contains(&q.spec.bits)
+        && x == Dtype::Float32
+        && q.scales.dtype() == Dtype::Float32
+        && q.biases.dtype() == Dtype::Float32
+        && q.weight.dtype() == Dtype::Uint32
+}
+
+/// Whether quantized layers should use this kernel: on the CPU backend unless turned off
+/// with [`set_enabled`] or `MLX_SPEC_QMM=mlx` (which keeps MLX's own kernel, for
+/// comparisons). Always `false` on Metal and CUDA.
+pub fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        UNSET => {
+            let on = backend() == Backend::Cpu
+                && !matches!(std::env::var("MLX_SPEC_QMM").as_deref(), Ok("mlx") | Ok("off") | Ok("0"));
+            STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+            on
+        }
+        s => s == ON,
+    }
+}
+
+/// Turns the kernel on or off for quantized layers process-wide (benchmarks compare both);
+/// `true` has no effect off the CPU backend. Returns the previous [`enabled`].
+pub fn set_enabled(on: bool) -> bool {
+    let prev = enabled();
+    STATE.store(if on && backend() == Backend::Cpu { ON } else { OFF }, Ordering::Relaxed);
+    prev
+}
+
+const UNSET: u8 = 0;
+const ON: u8 = 1;
+const OFF: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(UNSET);
+
+/// The instruction set the next evaluation uses: `"avx2+fma"` or `"portable"`.
+pub fn isa() -> String {
+    ffi::cpu_qmm_isa()
+}
+
+/// Forces the portable kernel even where AVX2 is available (to test it); returns the
+/// previous setting.
+pub fn force_portable(on: bool) -> bool {
+    ffi::cpu_qmm_force_portable(on)
+}
+
+/// How many products the kernel has evaluated in this process (proves a path uses it).
+pub fn calls() -> u64 {
+    ffi::cpu_qmm_calls()
+}
+
+/// Threads the kernel splits output features over.
+pub fn threads() -> usize {
+    ffi::cpu_qmm_threads() as usize
+}
+
+/// Sets the kernel's thread count (clamped to 1..=cores).
+pub fn set_threads(n: usize) {
+    ffi::cpu_qmm_set_threads(n.min(i32::MAX as usize) as i32);
+}
+
+impl QuantizedMatrix {
+    /// `x @ W^T` with the fastest kernel for this backend: [`quantized_matmul_t`] when
+    /// [`enabled`] and [`supports`] hold, else MLX's [`QuantizedMatrix::matmul_t`].
+    ///
+    /// # Errors
+    /// As [`QuantizedMatrix::matmul_t`].
+    pub fn matmul_t_auto(&self, x: &Array) -> Result<Array> {
+        if enabled() && supports(self, x.dtype()) {
+            quantized_matmul_t(x, &self.weight, &self.scales, &self.biases, self.spec)
+        } else {
+            self.matmul_t(x)
+        }
+    }
+}

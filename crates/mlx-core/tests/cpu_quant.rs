@@ -1,0 +1,163 @@
+//! The fast CPU quantized matmul (`mlx_core::cpu_quant`, kernel in mlx-sys `src/qmm.cc`)
+//! against MLX's own `quantized_matmul` and against an f64 product with MLX's dequantized
+//! weights, over random shapes, bits (4, 8), group sizes (32, 64, 128), activation rows
+//! `T` (1..=16 and more), batch axes, strided inputs, both instruction-set paths and one or
+//! more threads.
+//!
+//! Tolerance per output element: `|Δ| <= 1e-5 * Σ_k |x_k w_k| + 1e-6` (float32 rounding
+//! of a K-term dot product in another summation order).
+use mlx_core::cpu_quant::{self, quantized_matmul_t};
+use mlx_core::quant::{self, QuantSpec};
+use mlx_core::random::{Key, normal, uniform};
+use mlx_core::{Array, Dtype};
+use proptest::prelude::*;
+use std::sync::Mutex;
+
+/// The ISA and thread settings are process-wide: one test at a time changes them.
+static SETTINGS: Mutex<()> = Mutex::new(());
+
+#[derive(Debug, Clone)]
+struct Case {
+    bits: i32,
+    gs: i32,
+    n: i32,
+    groups: i32,
+    batch: Vec<i32>,
+    transposed_x: bool,
+    seed: u64,
+}
+
+fn check(c: &Case) -> Result<(), TestCaseError> {
+    let k = c.gs * c.groups;
+    let spec = QuantSpec::new(c.gs, c.bits).unwrap();
+    let w = normal(&[c.n, k], Dtype::Float32, 0.0, 0.5, &Key::new(c.seed)).unwrap();
+    let q = quant::quantize(&w, spec).unwrap();
+    let x = if c.transposed_x {
+        // a strided view: [.., K] obtained by swapping the last two axes of [.., K, T]
+        let mut s = c.batch.clone();
+        let t = s.pop().unwrap();
+        s.extend([k, t]);
+        uniform(-1.0, 1.0, &s, Dtype::Float32, &Key::new(c.seed ^ 7)).unwrap().swapaxes(-1, -2).unwrap()
+    } else {
+        let mut s = c.batch.clone();
+        s.push(k);
+        uniform(-1.0, 1.0, &s, Dtype::Float32, &Key::new(c.seed ^ 7)).unwrap()
+    };
+    let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec).unwrap();
+    let mlx = q.matmul_t(&x).unwrap();
+    let mut want_shape = c.batch.clone();
+    want_shape.push(c.n);
+    prop_assert_eq!(ours.shape(), want_shape.clone());
+    prop_assert_eq!(ours.dtype(), Dtype::Float32);
+    let (o, m) = (ours.to_vec::<f32>().unwrap(), mlx.to_vec::<f32>().unwrap());
+    // f64 reference with MLX's dequantized weights, and the magnitude sum for the tolerance
+    let wd = q.dequantize().unwrap().astype(Dtype::Float64).unwrap().t().unwrap();
+    let xd = x.astype(Dtype::Float64).unwrap();
+    let exact = xd.matmul(&wd).unwrap().to_vec::<f64>().unwrap();
+    let mag = xd.abs().unwrap().matmul(&wd.abs().unwrap()).unwrap().to_vec::<f64>().unwrap();
+    for (i, ((ov, mv), (ex, mg))) in o.iter().zip(&m).zip(exact.iter().zip(&mag)).enumerate() {
+        let tol = 1e-5 * mg + 1e-6;
+        let (ov, mv) = (*ov as f64, *mv as f64);
+        prop_assert!((ov - ex).abs() <= tol, "{c:?} [{i}]: ours {ov}, exact {ex}, tol {tol}");
+        prop_assert!((ov - mv).abs() <= 2.0 * tol, "{c:?} [{i}]: ours {ov}, mlx {mv}, tol {tol}");
+    }
+    Ok(())
+}
+
+fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
+    (
+        prop_oneof![Just(4), Just(8)],
+        prop_oneof![Just(32), Just(64), Just(128)],
+        1..max_n,
+        1..max_groups,
+        prop_oneof![
+            (1..=16i32).prop_map(|t| vec![t]),
+            (1..=3i32, 1..=11i32).prop_map(|(b, t)| vec![b, t]),
+            (17..=40i32).prop_map(|t| vec![1, t]),
+        ],
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(bits, gs, n, groups, batch, transposed_x, seed)| Case {
+            bits,
+            gs,
+            n,
+            groups,
+            batch,
+            transposed_x,
+            seed,
+        })
+}
+
+fn run(isa_portable: bool, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let prev_isa = cpu_quant::force_portable(isa_portable);
+    let prev_threads = cpu_quant::threads();
+    cpu_quant::set_threads(threads);
+    let mut runner =
+        proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: n_cases, ..Default::default() });
+    let result = runner.run(&cases(max_n, max_groups), |c| check(&c));
+    cpu_quant::force_portable(prev_isa);
+    cpu_quant::set_threads(prev_threads);
+    result
+        .unwrap_or_else(|e| panic!("isa {}, threads {threads}: {e}", if isa_portable { "portable" } else { "native" }));
+}
+
+#[test]
+fn native_kernel_one_thread_matches_mlx() {
+    run(false, 1, 70, 7, 96);
+}
+
+#[test]
+fn native_kernel_all_threads_matches_mlx() {
+    // large enough products to be split over threads (N * K >= 32768)
+    run(false, 2, 400, 9, 24);
+}
+
+#[test]
+fn portable_kernel_matches_mlx() {
+    run(true, 2, 300, 7, 48);
+}
+
+#[test]
+fn isa_is_reported() {
+    let isa = cpu_quant::isa();
+    assert!(isa == "avx2+fma" || isa == "portable", "{isa}");
+}
+
+#[test]
+fn bad_inputs_are_errors_naming_the_problem() {
+    let w = normal(&[8, 64], Dtype::Float32, 0.0, 1.0, &Key::new(1)).unwrap();
+    let q = quant::quantize(&w, QuantSpec::new(32, 4).unwrap()).unwrap();
+    let x = Array::ones(&[2, 64], Dtype::Float32).unwrap();
+    // wrong K
+    let bad = Array::ones(&[2, 32], Dtype::Float32).unwrap();
+    let e = quantized_matmul_t(&bad, &q.weight, &q.scales, &q.biases, q.spec).unwrap_err().to_string();
+    assert!(e.contains("must end in K = 64"), "{e}");
+    // unsupported bits
+    let q3 = quant::quantize(&w, QuantSpec::new(32, 3).unwrap()).unwrap();
+    let e = quantized_matmul_t(&x, &q3.weight, &q3.scales, &q3.biases, q3.spec).unwrap_err().to_string();
+    assert!(e.contains("bits must be 4 or 8"), "{e}");
+    assert!(!cpu_quant::supports(&q3, Dtype::Float32));
+    // f16 activations are not taken (the layer falls back to MLX's kernel)
+    assert!(!cpu_quant::supports(&q, Dtype::Float16));
+    let e = quantized_matmul_t(&x.astype(Dtype::Float16).unwrap(), &q.weight, &q.scales, &q.biases, q.spec)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("float32"), "{e}");
+    // scales of another shape
+    let e = quantized_matmul_t(&x, &q.weight, &q.scales.slice_axis(0, 0, 4).unwrap(), &q.biases, q.spec)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs scales and biases (8,2)"), "{e}");
+}
+
+#[test]
+fn auto_falls_back_to_mlx_for_other_dtypes() {
+    let w = normal(&[16, 64], Dtype::Float32, 0.0, 1.0, &Key::new(3)).unwrap();
+    let q = quant::quantize(&w, QuantSpec::new(64, 4).unwrap()).unwrap();
+    let x = Array::ones(&[1, 64], Dtype::Float16).unwrap();
+    let a = q.matmul_t_auto(&x).unwrap();
+    let b = q.matmul_t(&x).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+}

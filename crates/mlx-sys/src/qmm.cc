@@ -1,0 +1,472 @@
+// A fast CPU kernel for MLX's affine quantized matmul `x @ dequantize(w)^T`, as an MLX custom
+// primitive (`QuantizedMatmulCpu`), for the Linux CPU backend.
+//
+// Why: the `mlx-cpu` wheel is an SSE2 build whose quantized kernels move about 1 GB/s of
+// weights, and its cost grows linearly with the number of activation rows (a verify window
+// of 11 tokens costs ~8x one token). This kernel
+//   - decodes each packed weight row once per call and applies it to every activation row
+//     (T <= 4 straight from registers; more rows through a dequantized copy of the row in
+//     L1), so a verify window costs little more than one token;
+//   - uses AVX2 + FMA when the CPU has them (runtime check with __builtin_cpu_supports; the
+//     library itself is compiled for baseline x86-64) and portable C++ otherwise;
+//   - splits the output features over a small persistent thread pool (all cores by default,
+//     `MLX_SPEC_QMM_THREADS` or `qmm_set_threads` override).
+//
+// Format (mlx.core.quantize, affine mode): `w [N, K * bits / 32]` uint32, element j of a word
+// in bits [j * bits, (j + 1) * bits) (little end first); `scales`, `biases` `[N, K / gs]`;
+// the weight is `scale * q + bias`. Supported: bits 4 and 8, group sizes 32, 64, 128,
+// float32 activations, scales and biases. Output float32 `[..., N]`.
+//
+// Evaluation follows MLX 0.32's CPU primitives: `eval_cpu` runs on the thread that called
+// eval, allocates the output and hands the work to the stream's command encoder
+// (`cpu::get_command_encoder(stream()).dispatch(...)`), which runs it on the stream thread in
+// order with every other CPU op. MLX keeps the input buffers alive until the task has run.
+#include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/lib.rs.h"
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MLXSYS_X86 1
+#endif
+
+namespace mlxsys {
+namespace mx = mlx::core;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Thread pool: workers spin briefly after a job (the next matmul of a decode step follows
+// within microseconds), then sleep on a condition variable.
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* pool = new Pool();  // never destroyed: workers may outlive static destructors
+    return *pool;
+  }
+
+  int threads() const { return threads_.load(std::memory_order_relaxed); }
+
+  void set_threads(int n) {
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    n = std::clamp(n, 1, std::max(1, std::min(hw > 0 ? hw : 1, 64)));
+    threads_.store(n, std::memory_order_relaxed);
+  }
+
+  // Runs fn(0..n-1) with fn(0) on the calling thread; returns when all have finished.
+  // Callers are the MLX stream threads; jobs from two streams at once are serialized.
+  void run(int n, const std::function<void(int)>& fn) {
+    if (n <= 1) {
+      fn(0);
+      return;
+    }
+    std::lock_guard<std::mutex> one_job(job_mutex_);
+    ensure_workers(n - 1);
+    job_ = &fn;
+    job_threads_ = n;
+    // Every worker acknowledges every job (idle ones too), so no worker can miss or repeat
+    // a generation: the next job starts only after all have seen this one.
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(wake_mutex_);
+      wake_.notify_all();
+    }
+    fn(0);
+    while (pending_.load(std::memory_order_acquire) > 0) spin_pause();
+    job_ = nullptr;
+  }
+
+ private:
+  Pool() {
+    int n = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("MLX_SPEC_QMM_THREADS")) {
+      int v = std::atoi(env);
+      if (v > 0) n = v;
+    }
+    set_threads(n > 0 ? n : 1);
+  }
+
+  static void spin_pause() {
+#ifdef MLXSYS_X86
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  void ensure_workers(int n) {
+    while (static_cast<int>(workers_.size()) < n) {
+      int index = static_cast<int>(workers_.size()) + 1;
+      // The generation is read here, before the job that needs this worker is published, so
+      // the new worker cannot mistake that job for one it has already done.
+      uint64_t seen = generation_.load(std::memory_order_acquire);
+      workers_.emplace_back([this, index, seen] { work(index, seen); });
+      workers_.back().detach();
+    }
+  }
+
+  void work(int index, uint64_t seen) {
+    for (;;) {
+      // Spin up to ~100 us for the next job, then sleep.
+      auto start = std::chrono::steady_clock::now();
+      int spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen) {
+        spin_pause();
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
+          std::unique_lock<std::mutex> lock(wake_mutex_);
+          sleepers_.fetch_add(1, std::memory_order_seq_cst);
+          wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
+          sleepers_.fetch_sub(1, std::memory_order_relaxed);
+          break;
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (index < job_threads_) (*job_)(index);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::atomic<int> threads_{1};
+  std::mutex job_mutex_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  int job_threads_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Kernels. `x [M, K]`, `w [N, K * bits / 32]`, `s`, `b` `[N, K / gs]`, `out [M, N]`; each
+// call computes the output columns n in [n0, n1).
+
+struct Problem {
+  const float* x;
+  const uint32_t* w;
+  const float* s;
+  const float* b;
+  float* out;
+  int m, n, k, gs, bits;
+};
+
+// Portable: dequantize the row into `row`, then one dot product per activation row.
+void rows_portable(const Problem& p, int n0, int n1, std::vector<float>& row) {
+  const int words = p.k * p.bits / 32, groups = p.k / p.gs, per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  row.resize(p.k);
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    for (int g = 0; g < groups; ++g) {
+      float sc = p.s[static_cast<size_t>(n) * groups + g], bi = p.b[static_cast<size_t>(n) * groups + g];
+      for (int i = g * p.gs; i < (g + 1) * p.gs; ++i) {
+        uint32_t q = (wr[i / per_word] >> ((i % per_word) * p.bits)) & mask;
+        row[i] = sc * static_cast<float>(q) + bi;
+      }
+    }
+    for (int m = 0; m < p.m; ++m) {
+      const float* xr = p.x + static_cast<size_t>(m) * p.k;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = 0; i < p.k; i += 8) {
+        for (int j = 0; j < 8; ++j) acc[j] += row[i + j] * xr[i + j];
+      }
+      p.out[static_cast<size_t>(m) * p.n + n] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+  }
+}
+
+#ifdef MLXSYS_X86
+#define AVX2_FN __attribute__((target("avx2,fma"))) inline
+#define AVX2_FN_ALWAYS __attribute__((target("avx2,fma"), always_inline)) inline
+
+AVX2_FN_ALWAYS float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// The 8 weights q[8c .. 8c+8) of a packed row, as floats.
+template <int BITS>
+AVX2_FN_ALWAYS __m256 decode8(const uint32_t* wr, int c) {
+  if constexpr (BITS == 4) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[c])), shifts);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
+  } else {
+    __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + 2 * c));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+// T <= 4 activation rows straight from registers: per weight chunk, one decode, one
+// scale/bias FMA, then one FMA per activation row. U independent accumulators per row
+// (over consecutive chunks) hide the FMA latency when T is small.
+template <int BITS, int T, int U>
+AVX2_FN void rows_avx2_small(const Problem& p, int n0, int n1) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    __m256 acc[T][U];
+    for (int t = 0; t < T; ++t)
+      for (int u = 0; u < U; ++u) acc[t][u] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
+      const int c0 = g * chunks_per_group;
+      for (int c = c0; c < c0 + chunks_per_group; c += U) {
+        for (int u = 0; u < U; ++u) {
+          __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c + u), sc, bi);
+          for (int t = 0; t < T; ++t) {
+            __m256 xv = _mm256_loadu_ps(p.x + static_cast<size_t>(t) * p.k + 8 * (c + u));
+            acc[t][u] = _mm256_fmadd_ps(wv, xv, acc[t][u]);
+          }
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      __m256 a = acc[t][0];
+      for (int u = 1; u < U; ++u) a = _mm256_add_ps(a, acc[t][u]);
+      p.out[static_cast<size_t>(t) * p.n + n] = hsum(a);
+    }
+  }
+}
+
+// Dot products of one dequantized row with R (<= 4) activation rows.
+template <int R>
+AVX2_FN_ALWAYS void dot_rows(const float* row, const float* x, int k, float* out, size_t out_stride) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int i = 0; i < k; i += 16) {
+    __m256 w0 = _mm256_loadu_ps(row + i), w1 = _mm256_loadu_ps(row + i + 8);
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i + 8), acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+// More rows: dequantize the weight row once into `row` (stays in L1), then 4 activation rows
+// at a time against it.
+template <int BITS>
+AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    for (int g = 0; g < groups; ++g) {
+      const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
+      for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
+        _mm256_storeu_ps(row + 8 * c, _mm256_fmadd_ps(decode8<BITS>(wr, c), sc, bi));
+      }
+    }
+    int m = 0;
+    float* o = p.out + n;
+    for (; m + 4 <= p.m; m += 4) dot_rows<4>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n);
+    switch (p.m - m) {
+      case 3: dot_rows<3>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
+      case 2: dot_rows<2>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
+      case 1: dot_rows<1>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void rows_avx2(const Problem& p, int n0, int n1, std::vector<float>& row) {
+  switch (p.m) {
+    case 1: return rows_avx2_small<BITS, 1, 4>(p, n0, n1);
+    case 2: return rows_avx2_small<BITS, 2, 2>(p, n0, n1);
+    case 3: return rows_avx2_small<BITS, 3, 1>(p, n0, n1);
+    case 4: return rows_avx2_small<BITS, 4, 1>(p, n0, n1);
+    default:
+      row.resize(p.k);
+      return rows_avx2_many<BITS>(p, n0, n1, row.data());
+  }
+}
+
+bool cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+bool cpu_has_avx2() { return false; }
+#endif
+
+std::atomic<bool> g_force_portable{false};
+std::atomic<uint64_t> g_calls{0};
+
+bool use_avx2() { return cpu_has_avx2() && !g_force_portable.load(std::memory_order_relaxed); }
+
+void run_rows(const Problem& p, int n0, int n1) {
+  thread_local std::vector<float> row;
+#ifdef MLXSYS_X86
+  if (use_avx2()) {
+    if (p.bits == 4) return rows_avx2<4>(p, n0, n1, row);
+    return rows_avx2<8>(p, n0, n1, row);
+  }
+#endif
+  rows_portable(p, n0, n1, row);
+}
+
+// Weights per task below which one thread does the whole product.
+constexpr size_t kParallelMinWeights = 1 << 15;
+
+void compute(const Problem& p) {
+  size_t work = static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
+  int threads = work < kParallelMinWeights ? 1 : std::min(Pool::get().threads(), std::max(1, p.n / 8));
+  if (threads <= 1) return run_rows(p, 0, p.n);
+  // Contiguous slices of output features, multiples of 8 rows.
+  int per = ((p.n + threads - 1) / threads + 7) / 8 * 8;
+  Pool::get().run(threads, [&](int i) {
+    int n0 = std::min(p.n, i * per), n1 = std::min(p.n, (i + 1) * per);
+    if (n0 < n1) run_rows(p, n0, n1);
+  });
+}
+
+// A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.
+template <typename T>
+void gather(const mx::array& a, std::vector<T>& dst) {
+  dst.resize(a.size());
+  const T* src = a.data<T>();
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  int nd = static_cast<int>(shape.size());
+  std::vector<int> idx(nd, 0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += static_cast<int64_t>(idx[d]) * strides[d];
+    dst[i] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+class QuantizedMatmulCpu : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
+                  s = mx::array::unsafe_weak_copy(inputs[2]), b = mx::array::unsafe_weak_copy(inputs[3]),
+                  out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
+      std::vector<float> xc, sc, bc;
+      std::vector<uint32_t> wc;
+      auto f32 = [](const mx::array& a, std::vector<float>& tmp) -> const float* {
+        if (a.flags().row_contiguous) return a.data<float>();
+        gather(a, tmp);
+        return tmp.data();
+      };
+      const uint32_t* wp = w.data<uint32_t>();
+      if (!w.flags().row_contiguous) {
+        gather(w, wc);
+        wp = wc.data();
+      }
+      int n = out.shape(-1);
+      int k = x.shape(-1);
+      Problem p{f32(x, xc), wp, f32(s, sc), f32(b, bc), out.data<float>(), static_cast<int>(x.size() / k), n, k, gs,
+                bits};
+      if (p.m > 0 && n > 0) compute(p);
+      g_calls.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[QuantizedMatmulCpu] has no GPU evaluation; use quantized_matmul on the GPU");
+  }
+
+  const char* name() const override { return "QuantizedMatmulCpu"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const QuantizedMatmulCpu*>(&other);
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+std::string shape_str(const mx::Shape& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + ")";
+}
+}  // namespace
+
+std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                                const mx::array& biases, int32_t group_size, int32_t bits) {
+  const std::string op = "[cpu_quantized_matmul] ";
+  if (bits != 4 && bits != 8) throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  }
+  if (x.dtype() != mx::float32 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32) {
+    throw std::invalid_argument(op + "x, scales and biases must be float32");
+  }
+  if (w.dtype() != mx::uint32 || w.ndim() != 2) throw std::invalid_argument(op + "w must be a 2-D uint32 array");
+  int n = w.shape(0);
+  int k = w.shape(1) * 32 / bits;
+  if (scales.shape() != mx::Shape{n, k / group_size} || biases.shape() != scales.shape()) {
+    throw std::invalid_argument(op + "w " + shape_str(w.shape()) + " with bits " + std::to_string(bits) +
+                                " and group_size " + std::to_string(group_size) + " needs scales and biases (" +
+                                std::to_string(n) + "," + std::to_string(k / group_size) + "), got " +
+                                shape_str(scales.shape()) + " and " + shape_str(biases.shape()));
+  }
+  if (x.ndim() < 1 || x.shape(-1) != k) {
+    throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(k));
+  }
+  auto dev = mx::default_device();
+  if (dev != mx::Device(mx::Device::cpu)) throw std::invalid_argument(op + "the default device is not the CPU");
+  auto shape = x.shape();
+  shape.back() = n;
+  return std::make_unique<mx::array>(shape, mx::float32,
+                                     std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits),
+                                     std::vector<mx::array>{x, w, scales, biases});
+}
+
+rust::String cpu_qmm_isa() { return rust::String(use_avx2() ? "avx2+fma" : "portable"); }
+
+bool cpu_qmm_force_portable(bool on) { return g_force_portable.exchange(on); }
+
+uint64_t cpu_qmm_calls() { return g_calls.load(std::memory_order_relaxed); }
+
+int32_t cpu_qmm_threads() { return Pool::get().threads(); }
+
+void cpu_qmm_set_threads(int32_t n) { Pool::get().set_threads(n); }
+}  // namespace mlxsys
