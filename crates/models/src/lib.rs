@@ -1,6 +1,6 @@
 //! Target language models on MLX for speculative decoding: configuration, weight loading
 //! in the mlx-lm directory layout (dense or affine-quantized), KV caches with exact
-//! rollback, the llama / qwen2 / qwen3 forward passes with hidden-state taps, the
+//! rollback (sliding-window caches included), the llama / qwen2 / qwen3 / gemma3 / gemma4 forward passes with hidden-state taps, the
 //! tokenizer and chat template, and the import of GGUF files into that layout.
 
 pub mod cache;
@@ -9,6 +9,7 @@ pub mod default_model;
 mod error;
 pub mod fetch;
 pub mod fixtures;
+pub mod gemma;
 pub mod generate;
 pub mod gguf_import;
 pub mod layers;
@@ -18,7 +19,7 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
-pub use cache::{KvCache, LayerCache, ModelCache};
+pub use cache::{KvCache, LayerCache, ModelCache, RotatingKvCache};
 pub use config::{ModelConfig, QuantizationConfig};
 pub use error::{Error, Result};
 pub use generate::{GenerateParams, GenerationStats, generate};

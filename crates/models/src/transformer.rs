@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::cache::{LayerCache, ModelCache};
 use crate::config::{ModelConfig, config_path};
+use crate::gemma::{Gemma, Version as GemmaVersion};
 use crate::layers::{Embedding, Linear, LoadContext, RmsNorm};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -30,6 +31,10 @@ pub enum Family {
     Qwen2,
     /// Qwen3: per-head q/k RMS norms, no biases.
     Qwen3,
+    /// Gemma 3 text (`gemma3_text`; see [`crate::gemma`]): sliding-window and global layers.
+    Gemma3,
+    /// Gemma 4 text (`gemma4_text`; see [`crate::gemma`]).
+    Gemma4,
 }
 
 impl Family {
@@ -42,7 +47,11 @@ impl Family {
             "llama" => Ok(Family::Llama),
             "qwen2" => Ok(Family::Qwen2),
             "qwen3" => Ok(Family::Qwen3),
-            other => Err(Error::Unsupported(format!("model_type `{other}` (supported: llama, qwen2, qwen3)"))),
+            "gemma3_text" | "gemma3" => Ok(Family::Gemma3),
+            "gemma4_text" => Ok(Family::Gemma4),
+            other => Err(Error::Unsupported(format!(
+                "model_type `{other}` (supported: llama, qwen2, qwen3, gemma3_text, gemma4_text)"
+            ))),
         }
     }
 }
@@ -73,17 +82,21 @@ struct Block {
     post_attention_layernorm: RmsNorm,
 }
 
-/// A loaded llama / qwen2 / qwen3 decoder.
+/// A loaded llama / qwen2 / qwen3 / gemma3 / gemma4 decoder.
 pub struct Transformer {
     /// The configuration it was built from.
     pub config: ModelConfig,
     /// The family.
     pub family: Family,
-    embed: Embedding,
-    blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
-    rope: Rope,
+    arch: Arch,
+}
+
+/// The layers of one family of decoders.
+enum Arch {
+    /// llama / qwen2 / qwen3.
+    Decoder { embed: Embedding, blocks: Vec<Block>, norm: RmsNorm, lm_head: Option<Linear>, rope: Rope },
+    /// gemma3 / gemma4.
+    Gemma(Box<Gemma>),
 }
 
 /// What a forward pass returns.
@@ -143,6 +156,14 @@ impl Transformer {
     /// misshapen tensor; [`Error::Config`] for inconsistent quantization entries.
     pub fn build(config: ModelConfig, weights: &mut Weights, ctx: &LoadContext) -> Result<Self> {
         let family = Family::from_model_type(&config.model_type)?;
+        if let Some(version) = match family {
+            Family::Gemma3 => Some(GemmaVersion::V3),
+            Family::Gemma4 => Some(GemmaVersion::V4),
+            _ => None,
+        } {
+            let gemma = Gemma::build(&config, version, weights, ctx)?;
+            return Ok(Transformer { family, arch: Arch::Gemma(Box::new(gemma)), config });
+        }
         let c = &config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
         let qkv_bias = family == Family::Qwen2 || c.attention_bias;
@@ -202,46 +223,68 @@ impl Transformer {
             Some(Linear::load(weights, ctx, "lm_head", c.vocab_size, h, false)?)
         };
         let rope = rope_for(c, weights.dir())?;
-        Ok(Transformer { family, embed, blocks, norm, lm_head, rope, config })
+        Ok(Transformer { family, arch: Arch::Decoder { embed, blocks, norm, lm_head, rope }, config })
     }
 
     /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
-        self.blocks.len()
+        match &self.arch {
+            Arch::Decoder { blocks, .. } => blocks.len(),
+            Arch::Gemma(g) => g.num_layers(),
+        }
     }
 
-    /// A fresh cache for one request.
+    /// A fresh cache for one request: one [`crate::KvCache`] per layer, and for Gemma's
+    /// sliding layers a [`crate::cache::RotatingKvCache`] that rolls back up to
+    /// [`crate::cache::RotatingKvCache::DEFAULT_ROLLBACK`] positions exactly (KV-shared
+    /// Gemma 4 layers keep no cache, so the cache may have fewer layers than the model).
     pub fn make_cache(&self) -> ModelCache {
-        ModelCache::full(self.blocks.len())
+        self.make_cache_with_rollback(crate::cache::RotatingKvCache::DEFAULT_ROLLBACK)
+    }
+
+    /// [`Transformer::make_cache`] whose rotating (sliding-window) layers can roll back
+    /// `rollback >= 1` positions exactly after any write and take verify windows of up to
+    /// `rollback + 1` tokens in place (each such layer keeps `sliding_window - 1 + rollback`
+    /// rows). Families without sliding layers ignore it.
+    pub fn make_cache_with_rollback(&self, rollback: usize) -> ModelCache {
+        match &self.arch {
+            Arch::Decoder { blocks, .. } => ModelCache::full(blocks.len()),
+            Arch::Gemma(g) => g.make_cache(rollback.max(1)),
+        }
     }
 
     /// The final hidden states `[B, L, H]` (after the last norm) plus the taps.
     fn hidden(&self, tokens: &Array, cache: &mut ModelCache, taps: &[usize]) -> Result<(Array, Vec<Array>)> {
-        if cache.layers.len() != self.blocks.len() {
+        let (embed, blocks, norm, rope) = match &self.arch {
+            Arch::Decoder { embed, blocks, norm, rope, .. } => (embed, blocks, norm, rope),
+            Arch::Gemma(g) => return g.hidden(tokens, cache, taps),
+        };
+        if cache.layers.len() != blocks.len() {
             return Err(Error::Unsupported(format!(
                 "a cache of {} layers for a model of {}",
                 cache.layers.len(),
-                self.blocks.len()
+                blocks.len()
             )));
         }
-        if let Some(&bad) = taps.iter().find(|&&t| t >= self.blocks.len()) {
-            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", self.blocks.len())));
+        if let Some(&bad) = taps.iter().find(|&&t| t >= blocks.len()) {
+            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", blocks.len())));
         }
-        let mut h = self.embed.forward(tokens)?;
+        let mut h = embed.forward(tokens)?;
         let mut tapped = vec![None; taps.len()];
-        for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
-            h = block.forward(&h, layer_cache.as_mut(), &self.rope)?;
+        for (i, (block, layer_cache)) in blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+            h = block.forward(&h, layer_cache.as_mut(), rope)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, t)| **t == i) {
                 tapped[slot] = Some(h.clone());
             }
         }
-        Ok((self.norm.forward(&h)?, tapped.into_iter().map(|t| t.expect("every tap is < num_layers")).collect()))
+        Ok((norm.forward(&h)?, tapped.into_iter().map(|t| t.expect("every tap is < num_layers")).collect()))
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(h),
-            None => self.embed.as_linear(h),
+        match &self.arch {
+            Arch::Decoder { lm_head: Some(head), .. } => head.forward(h),
+            Arch::Decoder { embed, lm_head: None, .. } => embed.as_linear(h),
+            Arch::Gemma(g) => g.head(h),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::{Error, Result};
 use mlx_core::io::gguf::{GgufFile, MetaValue, TensorInfo};
 
 /// The architectures the importer maps (`general.architecture`).
-pub const ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
+pub const ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "gemma3"];
 
 /// What a module is, which decides how it may be stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,9 @@ pub(crate) struct Mapped {
     pub kind: Kind,
     /// llama.cpp's Q/K row permutation to undo: the number of heads of this projection.
     pub unpermute_heads: Option<usize>,
+    /// Subtract this from every value: llama.cpp's Gemma converters store RMS norm scales
+    /// as `1 + w` (its `norm_shift`), mlx-lm's Gemma 3 norms add the 1 themselves.
+    pub shift: f32,
 }
 
 impl Mapped {
@@ -60,6 +63,8 @@ pub(crate) struct Hparams {
     pub tied: bool,
     pub attention_bias: bool,
     pub mlp_bias: bool,
+    /// Gemma 3: the sliding window of its local layers.
+    pub sliding_window: Option<u64>,
 }
 
 fn gguf_err(g: &GgufFile, message: impl Into<String>) -> Error {
@@ -159,6 +164,7 @@ impl Hparams {
         let has = |n: &str| g.tensor(n).is_some();
         let attention_bias = arch == "llama" && has("blk.0.attn_q.bias");
         let mlp_bias = arch == "llama" && has("blk.0.ffn_up.bias");
+        let sliding_window = num(g, &k("attention.sliding_window"))?;
         Ok(Hparams {
             tied: !has("output.weight"),
             arch,
@@ -175,6 +181,7 @@ impl Hparams {
             vocab,
             attention_bias,
             mlp_bias,
+            sliding_window,
         })
     }
 
@@ -182,7 +189,12 @@ impl Hparams {
     pub fn map(&self, name: &str) -> Option<Mapped> {
         let (stem, bias) =
             if let Some(s) = name.strip_suffix(".weight") { (s, false) } else { (name.strip_suffix(".bias")?, true) };
-        let m = |module: String, kind| Some(Mapped { module, bias, kind, unpermute_heads: None });
+        let gemma = self.arch == "gemma3";
+        let shift = if gemma { 1.0 } else { 0.0 };
+        let m = |module: String, kind| {
+            let shift = if kind == Kind::Norm { shift } else { 0.0 };
+            Some(Mapped { module, bias, kind, unpermute_heads: None, shift })
+        };
         match stem {
             "token_embd" if !bias => return m("model.embed_tokens".into(), Kind::Embedding),
             "output_norm" if !bias => return m("model.norm".into(), Kind::Norm),
@@ -209,7 +221,12 @@ impl Hparams {
             "ffn_up" => (format!("{p}.mlp.up_proj"), Kind::Linear),
             "ffn_down" => (format!("{p}.mlp.down_proj"), Kind::Linear),
             "attn_norm" => (format!("{p}.input_layernorm"), Kind::Norm),
+            "ffn_norm" if gemma => (format!("{p}.pre_feedforward_layernorm"), Kind::Norm),
             "ffn_norm" => (format!("{p}.post_attention_layernorm"), Kind::Norm),
+            "post_attention_norm" if gemma => (format!("{p}.post_attention_layernorm"), Kind::Norm),
+            "post_ffw_norm" if gemma => (format!("{p}.post_feedforward_layernorm"), Kind::Norm),
+            "attn_q_norm" if gemma => (format!("{p}.self_attn.q_norm"), Kind::Norm),
+            "attn_k_norm" if gemma => (format!("{p}.self_attn.k_norm"), Kind::Norm),
             _ => return None,
         };
         if bias && kind == Kind::Norm {
@@ -220,7 +237,7 @@ impl Hparams {
             ("llama", "attn_k") => Some(self.n_kv_heads),
             _ => None,
         };
-        Some(Mapped { module, bias, kind, unpermute_heads })
+        Some(Mapped { module, bias, kind, unpermute_heads, shift: if kind == Kind::Norm { shift } else { 0.0 } })
     }
 
     /// Every GGUF tensor name this model must have, with its expected row-major shape.
@@ -244,6 +261,15 @@ impl Hparams {
                 (b("ffn_up.weight"), vec![ff, h]),
                 (b("ffn_down.weight"), vec![h, ff]),
             ]);
+            if self.arch == "gemma3" {
+                let hd = self.head_dim as u64;
+                out.extend([
+                    (b("post_attention_norm.weight"), vec![h]),
+                    (b("post_ffw_norm.weight"), vec![h]),
+                    (b("attn_q_norm.weight"), vec![hd]),
+                    (b("attn_k_norm.weight"), vec![hd]),
+                ]);
+            }
             if self.arch == "qwen2" || self.attention_bias {
                 out.extend([
                     (b("attn_q.bias"), vec![qd]),
@@ -320,6 +346,7 @@ impl Hparams {
         let mut c = BTreeMap::new();
         let (cls, mt) = match self.arch.as_str() {
             "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
+            "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         c.insert("architectures".into(), json!([cls]));
@@ -334,7 +361,20 @@ impl Hparams {
         c.insert("rope_theta".into(), json!(self.rope_theta));
         c.insert("vocab_size".into(), json!(self.vocab));
         c.insert("tie_word_embeddings".into(), json!(self.tied));
-        c.insert("hidden_act".into(), json!("silu"));
+        if self.arch == "gemma3" {
+            // llama.cpp's gemma3: every 6th layer is global, local layers use rope base 10000,
+            // queries are scaled by head_dim^-0.5 (hidden / heads for the 27B, 62 layers).
+            c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+            c.insert("sliding_window".into(), json!(self.sliding_window.unwrap_or(512)));
+            c.insert("sliding_window_pattern".into(), json!(6));
+            c.insert("rope_local_base_freq".into(), json!(10000.0));
+            let scalar = if self.n_layers == 62 { self.hidden / self.n_heads } else { self.head_dim };
+            c.insert("query_pre_attn_scalar".into(), json!(scalar));
+            c.insert("final_logit_softcapping".into(), Value::Null);
+            c.insert("attn_logit_softcapping".into(), Value::Null);
+        } else {
+            c.insert("hidden_act".into(), json!("silu"));
+        }
         c.insert("torch_dtype".into(), json!(torch_dtype));
         c.insert("rope_scaling".into(), self.rope_scaling.clone().unwrap_or(Value::Null));
         if let Some(m) = self.max_pos {
@@ -369,6 +409,14 @@ impl Hparams {
             {
                 eos.push(v);
             }
+        }
+        // Gemma ends a chat turn with `<end_of_turn>` (HF's generation_config lists it).
+        if self.arch == "gemma3"
+            && let Some(MetaValue::Array { items, .. }) = g.get("tokenizer.ggml.tokens")
+            && let Some(i) = items.iter().position(|t| t.as_str() == Some("<end_of_turn>"))
+            && !eos.contains(&(i as u64))
+        {
+            eos.push(i as u64);
         }
         match eos.len() {
             0 => {}

@@ -1,4 +1,4 @@
-//! GGUF import: turns a llama.cpp GGUF file (llama or qwen2 architecture) into a model
+//! GGUF import: turns a llama.cpp GGUF file (llama, qwen2 or gemma3 architecture) into a model
 //! directory in the mlx-lm layout, so every other command reads one format.
 //!
 //! [`import_gguf`] is the entry point. The GGUF container is read by mlx-core's Rust reader
@@ -20,7 +20,8 @@
 //! - **Requantize** (`quantize`): weights dequantized, cast to `dtype`, then quantized
 //!   with `mlx_core::quant::quantize` (as `mlx_lm.convert -q` does).
 //!
-//! Norms and biases are always dense. llama's Q/K rows are un-permuted (llama.cpp's
+//! Norms and biases are always dense; Gemma 3's norm scales, which llama.cpp stores as
+//! `1 + w`, are stored as `w` (mlx-lm's `gemma3_text` adds the 1). llama's Q/K rows are un-permuted (llama.cpp's
 //! converter permutes them for its interleaved rope; it does not do so for qwen2, whose
 //! converter class `Qwen2Model` has no permute step and whose llama.cpp rope is NEOX-style).
 mod layout;
@@ -216,7 +217,7 @@ fn reader_err(e: mlx_core::Error) -> Error {
 ///
 /// `parts` is one GGUF file, or the parts of one GGUF file split byte-wise (in order; they
 /// are read as their concatenation, without a copy). The architecture is chosen by
-/// `general.architecture`: `llama` or `qwen2`.
+/// `general.architecture`: `llama`, `qwen2` or `gemma3` (written as `gemma3_text`).
 ///
 /// Writes into `out_dir`:
 /// - `model.safetensors`, or `model-0000i-of-0000N.safetensors` shards of at most
@@ -603,6 +604,9 @@ fn convert(g: &GgufFile, it: &Item, dtype: Dtype, scale_dtype: Dtype) -> Result<
             }
             if let Some(n) = it.map.unpermute_heads {
                 v = unpermute_rows(&v, rows, n).ok_or_else(|| permute("the rows", n))?;
+            }
+            if it.map.shift != 0.0 {
+                v.iter_mut().for_each(|x| *x -= it.map.shift);
             }
             let dims: Vec<usize> = info.shape.iter().map(|&d| d as usize).collect();
             let a = Array::from_slice(&v, &shape_i32(&at, &info.name, &dims)?)?;
