@@ -144,14 +144,17 @@ fn qwen_pair_speculative_equals_plain() {
         let plain_s = t0.elapsed().as_secs_f64();
         let (by_ngram, s_ngram) = speculative(&target, &ngram, &ids, &params, 10);
         let (by_two, s_two) = speculative(&target, &two, &ids, &params, 3);
+        let verdict = |got: &Vec<u32>| if *got == want { "equal" } else { "DIFFERS" };
         println!(
-            "{:<14} plain {:>5.1}s | ngram tau {:.2} {:>5.1}s | two-model tau {:.2} {:>5.1}s",
+            "{:<14} plain {:>5.1}s | ngram tau {:.2} {:>5.1}s {} | two-model tau {:.2} {:>5.1}s {}",
             p.source,
             plain_s,
             s_ngram.tau,
             (s_ngram.prefill_ms + s_ngram.decode_ms) / 1e3,
+            verdict(&by_ngram),
             s_two.tau,
-            (s_two.prefill_ms + s_two.decode_ms) / 1e3
+            (s_two.prefill_ms + s_two.decode_ms) / 1e3,
+            verdict(&by_two)
         );
         for (label, got) in [("ngram", &by_ngram), ("two-model", &by_two)] {
             if *got != want {
