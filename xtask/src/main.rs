@@ -328,17 +328,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The BLAS `mlx-spec info` reports, and the OpenBLAS path when that is what it uses (to
+/// preload into Python MLX, which otherwise binds the wheel's reference BLAS).
+fn blas_in_use(bin: &Path) -> Result<(String, Option<String>)> {
+    let info = Command::new(bin).args(["info", "--json"]).output()?;
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).context("mlx-spec info --json")?;
+    let blas = info["blas"].as_str().unwrap_or_default().to_string();
+    // "openblas (/path/libopenblas.so.0) ..." -> the path
+    let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
+    Ok((blas, openblas))
+}
+
 fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     let mut c = cargo();
     c.args(["build", "--release", "-p", "mlx-spec"]);
     run(c)?;
     let bin = root().join("target/release/mlx-spec");
     let script = root().join("xtask/scripts/mlx_lm_generate.py");
-    let info = Command::new(&bin).args(["info", "--json"]).output()?;
-    let info: serde_json::Value = serde_json::from_slice(&info.stdout).context("mlx-spec info --json")?;
-    let blas = info["blas"].as_str().unwrap_or_default().to_string();
-    // "openblas (/path/libopenblas.so.0) ..." -> the path
-    let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
+    let (blas, openblas) = blas_in_use(&bin)?;
     println!("BLAS: {blas}");
     let models = if a.model.is_empty() {
         let home = std::env::var("HOME").unwrap_or_default();
@@ -474,7 +481,15 @@ fn bench_spec(a: BenchSpecArgs) -> Result<()> {
         return Ok(());
     };
     let script = root().join("xtask/scripts/mlx_lm_spec.py");
+    let mut c = cargo();
+    c.args(["build", "--release", "--quiet", "-p", "mlx-spec"]);
+    run(c)?;
+    let (_, openblas) = blas_in_use(&root().join("target/release/mlx-spec"))?;
     let mut py = Command::new(python);
+    // Python MLX binds the wheel's reference BLAS; give it the same OpenBLAS as ours.
+    if let Some(lib) = openblas.as_ref() {
+        py.env("LD_PRELOAD", lib);
+    }
     py.arg(&script).arg(&target).arg(&draft).arg(&prompts);
     py.args([a.num_prompts.to_string(), a.max_tokens.to_string(), a.num_draft_tokens.to_string(), a.dtype.clone()]);
     let out = py.output().with_context(|| format!("cannot start {python}"))?;
