@@ -5,16 +5,19 @@
 //! quantizations, for several `num_draft_tokens`; the drafter's context after a request
 //! holds exactly the committed rows (checked against one fresh pass over the committed
 //! tokens); a confidence threshold only shortens blocks; mismatched targets are refused.
+mod common;
+
 use std::path::Path;
 
+use common::{plain, spec_run};
 use drafter::Drafter;
 use drafter::fixtures::{BLOCK_SIZE, quantize_drafter_for_tests, write_tiny_dspark, write_tiny_target};
 use mlx_core::quant::QuantSpec;
 use mlx_core::{Array, Dtype, concatenate};
-use models::generate::{generate, ids};
+use models::generate::ids;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::dspark::{DSparkProvider, DSparkSource};
-use spec::{Acceptance, DraftProvider, DraftSource, Error, SpecOptions, SpecStats, speculative_generate};
+use spec::{Acceptance, DraftProvider, DraftSource, Error, SpecOptions, speculative_generate};
 
 const SEED: u64 = 11;
 const LAYER_GAIN: f32 = 0.3;
@@ -69,33 +72,6 @@ fn variants() -> Vec<(&'static str, Option<QuantSpec>)> {
         ("q4g64", Some(QuantSpec::new(64, 4).unwrap())),
         ("q4g32", Some(QuantSpec::new(32, 4).unwrap())),
     ]
-}
-
-fn plain(target: &Transformer, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
-    let mut out = Vec::new();
-    generate(target, prompt, params, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    out
-}
-
-fn spec_run(
-    target: &Transformer,
-    source: &mut dyn DraftSource,
-    prompt: &[u32],
-    params: &GenerateParams,
-    n: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut out = Vec::new();
-    let stats = speculative_generate(target, source, prompt, params, n, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap_or_else(|e| panic!("speculative_generate: {e}"));
-    stats.check().unwrap();
-    (out, stats)
 }
 
 const PROMPTS: [&[u32]; 4] =

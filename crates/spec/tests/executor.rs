@@ -3,12 +3,14 @@
 //! 1..=12 and every source (n-gram, two-model with each fixture as drafter, a source that
 //! proposes garbage); EOS and max_tokens mid-window; a target cache that cannot trim; the
 //! stats invariants. Property tests run with a fixed seed, so every run checks the same cases.
+mod common;
+
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use common::{plain, spec_run};
 use mlx_core::Array;
-use models::generate::generate;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -28,32 +30,6 @@ fn load(name: &str) -> Transformer {
 fn runner(cases: u32) -> TestRunner {
     let config = Config { cases, failure_persistence: None, ..Config::default() };
     TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]))
-}
-
-fn plain(target: &Transformer, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
-    let mut out = Vec::new();
-    generate(target, prompt, params, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    out
-}
-
-fn spec_run(
-    target: &Transformer,
-    source: &mut dyn DraftSource,
-    prompt: &[u32],
-    params: &GenerateParams,
-    n: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut out = Vec::new();
-    let stats = speculative_generate(target, source, prompt, params, n, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap_or_else(|e| panic!("speculative_generate: {e}"));
-    (out, stats)
 }
 
 /// Checks output equality and the stats invariants, including the ones tying the stats to

@@ -11,17 +11,20 @@
 //! that noise would be a near-tie flip, not a rollback bug (see docs/architecture.md).
 //! Dense f32 decoding of this model reads 1.07 GB of weights per token, so plain decoding is
 //! slow on a CPU: a few minutes on 2 cores. Run with `--nocapture` for the table.
+mod common;
+
 use std::time::Instant;
 
+use common::spec_open as spec_run;
 use mlx_core::io::load_safetensors;
 use mlx_core::{Array, Dtype};
 use models::fixtures::{ensure_gemma3_270m, ensure_gemma3_270m_q4};
 use models::generate::{ids, prefill};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
+use spec::DraftProvider;
 use spec::ngram::NgramProvider;
 use spec::two_model::{TwoModelProvider, check_tokenizers};
-use spec::{DraftProvider, SpecStats, speculative_generate};
 
 const PROMPT_TOKENS: usize = 1000;
 const MAX_TOKENS: usize = 128;
@@ -78,24 +81,6 @@ fn plain(model: &Transformer, prompt: &[u32], eos: &[u32]) -> (Vec<u32>, Vec<f32
         .map(|i| row(&logits, i).iter().zip(&rows[i]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max))
         .fold(0.0f32, f32::max);
     (out, margins, noise, tps)
-}
-
-fn spec_run(
-    target: &Transformer,
-    provider: &dyn DraftProvider,
-    prompt: &[u32],
-    params: &GenerateParams,
-    n: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut source = provider.open(target, &params.sampler).unwrap();
-    let mut out = Vec::new();
-    let stats = speculative_generate(target, source.as_mut(), prompt, params, n, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    stats.check().unwrap();
-    (out, stats)
 }
 
 #[test]

@@ -13,16 +13,17 @@
 //!
 //! `MLX_SPEC_PAIR_PROMPTS=K` limits the second test to the first K grounded and K free-form
 //! prompts. Run with `--nocapture` to see tau and speeds.
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{plain, spec_open as speculative};
 use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
-use models::generate::generate;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::NgramProvider;
 use spec::prompts::{PromptKind, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
-use spec::{DraftProvider, SpecStats, speculative_generate};
 
 const MAX_TOKENS: usize = 16;
 
@@ -44,34 +45,6 @@ fn pair() -> (Transformer, Transformer, Tokenizer) {
         .expect("the pair shares a tokenizer");
     let f32_opts = LoadOptions { dtype: Some(mlx_core::Dtype::Float32) };
     (load_model(&target_dir, &f32_opts).unwrap(), load_model(&draft_dir, &f32_opts).unwrap(), tok)
-}
-
-fn plain(target: &Transformer, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
-    let mut out = Vec::new();
-    generate(target, prompt, params, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    out
-}
-
-fn speculative(
-    target: &Transformer,
-    provider: &dyn DraftProvider,
-    prompt: &[u32],
-    params: &GenerateParams,
-    n: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut source = provider.open(target, &params.sampler).unwrap();
-    let mut out = Vec::new();
-    let stats = speculative_generate(target, source.as_mut(), prompt, params, n, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    stats.check().unwrap();
-    (out, stats)
 }
 
 #[derive(serde::Deserialize)]

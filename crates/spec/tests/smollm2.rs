@@ -17,6 +17,9 @@
 //!   costs the same per window position as a one-token forward, so this is slow.
 //!
 //! Run with `--nocapture` to see tau, target forwards and the measured noise.
+mod common;
+
+use common::spec_open as spec_tokens;
 use mlx_core::{Array, Dtype};
 use models::default_model::{DEFAULT_PACKAGE, ensure_default_model};
 use models::generate::{ids, prefill};
@@ -26,7 +29,7 @@ use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::NgramProvider;
 use spec::prompts::{Prompt, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
-use spec::{DraftProvider, SpecStats, speculative_generate};
+use spec::{DraftProvider, SpecStats};
 
 const MAX_TOKENS: usize = 40;
 
@@ -100,24 +103,6 @@ fn plain_with_noise(model: &Transformer, prompt: &[u32], eos: &[u32]) -> (Vec<u3
         }
     }
     (out, margins, noise, tps)
-}
-
-fn spec_tokens(
-    target: &Transformer,
-    provider: &dyn DraftProvider,
-    prompt: &[u32],
-    params: &GenerateParams,
-    n: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut source = provider.open(target, &params.sampler).unwrap();
-    let mut out = Vec::new();
-    let stats = speculative_generate(target, source.as_mut(), prompt, params, n, |t| {
-        out.push(t);
-        true
-    })
-    .unwrap();
-    stats.check().unwrap();
-    (out, stats)
 }
 
 /// Where two outputs first differ, with the top-2 margin of plain decoding's logits there.
