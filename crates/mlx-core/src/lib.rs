@@ -48,6 +48,6 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use ops::{concatenate, stack};
 pub use runtime::{
-    Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device, eval,
-    info, memory, select_blas, set_gemv_routing, version,
+    Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device,
+    eval, info, memory, select_blas, set_gemv_routing, version,
 };

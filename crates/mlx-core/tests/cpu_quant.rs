@@ -78,7 +78,15 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
         any::<bool>(),
         any::<u64>(),
     )
-        .prop_map(|(bits, gs, n, groups, batch, transposed_x, seed)| Case { bits, gs, n, groups, batch, transposed_x, seed })
+        .prop_map(|(bits, gs, n, groups, batch, transposed_x, seed)| Case {
+            bits,
+            gs,
+            n,
+            groups,
+            batch,
+            transposed_x,
+            seed,
+        })
 }
 
 fn run(isa_portable: bool, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
@@ -91,7 +99,8 @@ fn run(isa_portable: bool, threads: usize, max_n: i32, max_groups: i32, n_cases:
     let result = runner.run(&cases(max_n, max_groups), |c| check(&c));
     cpu_quant::force_portable(prev_isa);
     cpu_quant::set_threads(prev_threads);
-    result.unwrap_or_else(|e| panic!("isa {}, threads {threads}: {e}", if isa_portable { "portable" } else { "native" }));
+    result
+        .unwrap_or_else(|e| panic!("isa {}, threads {threads}: {e}", if isa_portable { "portable" } else { "native" }));
 }
 
 #[test]
