@@ -38,14 +38,16 @@ def chat(p):
 
 
 decode_ids, verify_ids = chat(prompts["decode"]), chat(prompts["verify"])
-decode_tps = []
+decode_tps, decode_cpu = [], []
 for rep in range(reps + 1):
     last = None
+    c0 = time.process_time()
     # no EOS stop, as the Rust side: generate exactly `tokens`
     for r in stream_generate(model, tok, decode_ids, max_tokens=tokens):
         last = r
     if rep > 0:
         decode_tps.append(last.generation_tps)
+        decode_cpu.append((time.process_time() - c0) * 1e3 / max(1, last.generation_tokens))
 
 # Prefill all but the last prompt token (mlx-spec's prefill shape), in chunks of 512.
 cache = make_prompt_cache(model)
@@ -55,21 +57,25 @@ for i in range(0, len(head), 512):
     mx.eval([c.state for c in cache])
 window = list(reversed(verify_ids))[:16]
 verify = {str(t): [] for t in WINDOWS}
+verify_cpu = {str(t): [] for t in WINDOWS}
 for rep in range(reps + 1):
     for t in WINDOWS:
         x = mx.array([window[:t]])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = model(x, cache=cache)
         mx.eval(logits)
         ms = (time.perf_counter() - t0) * 1e3
+        cpu_ms = (time.process_time() - c0) * 1e3
         assert trim_prompt_cache(cache, t) == t
         if rep > 0:
             verify[str(t)].append(ms)
+            verify_cpu[str(t)].append(cpu_ms)
 
 print(json.dumps({
     "engine": "mlx-lm", "variant": "mlx-lm", "model": model_dir,
     "prompt_tokens": {"decode": len(decode_ids), "verify": len(verify_ids)},
     "decode_tps": decode_tps, "verify_ms": verify,
+    "decode_cpu_ms_per_token": decode_cpu, "verify_cpu_ms": verify_cpu,
     "ld_preload": os.environ.get("LD_PRELOAD", ""),
     "others_cores": max(0.0, (jiffies()[0] - j0[0]) - (jiffies()[1] - j0[1])) / 100 / (time.perf_counter() - t_start),
 }))

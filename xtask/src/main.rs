@@ -364,8 +364,16 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
     println!("BLAS: {blas}");
     let windows = ["1", "2", "4", "8", "11", "16"];
     println!(
-        "{:<34} {:<12} {:>9} {:>8}  {:<36} {:>7}",
-        "model", "engine", "tok/s", "t(1) ms", "t(T)/t(1), T = 1 2 4 8 11 16", "others"
+        "{:<30} {:<12} {:>7} {:>8} {:>8}  {:<31} {:>9} {:<31} {:>6}",
+        "model",
+        "engine",
+        "tok/s",
+        "cpu ms/t",
+        "t(1) ms",
+        "wall t(T)/t(1), T=1 2 4 8 11 16",
+        "cpu t(1)",
+        "cpu t(T)/t(1)",
+        "others"
     );
     let med = |v: &serde_json::Value| {
         median(v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default())
@@ -377,13 +385,18 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
             let tps = med(&r["decode_tps"]);
             let t1 = med(&r["verify_ms"]["1"]);
             let curve: Vec<String> = windows.iter().map(|t| format!("{:.2}", med(&r["verify_ms"][*t]) / t1)).collect();
+            let c1 = med(&r["verify_cpu_ms"]["1"]);
+            let cpu_curve: Vec<String> =
+                windows.iter().map(|t| format!("{:.2}", med(&r["verify_cpu_ms"][*t]) / c1)).collect();
+            let cpu_tok = med(&r["decode_cpu_ms_per_token"]);
             let variant = r["variant"].as_str().unwrap_or("?");
             if variant == "mlx-lm" {
                 base_tps = Some(tps);
             }
             println!(
-                "{name:<34} {variant:<12} {tps:>9.2} {t1:>8.1}  {:<36} {:>7.2}",
+                "{name:<30} {variant:<12} {tps:>7.2} {cpu_tok:>8.1} {t1:>8.1}  {:<31} {c1:>9.1} {:<31} {:>6.2}",
                 curve.join(" "),
+                cpu_curve.join(" "),
                 r["others_cores"].as_f64().unwrap_or(f64::NAN)
             );
         }
@@ -391,7 +404,7 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
             base_tps,
             rows.iter().find(|r| r["model"].as_str() == Some(&dir.display().to_string()) && r["variant"] == "ours"),
         ) {
-            println!("{name:<34} ours / mlx-lm decode: {:.2}x", med(&o["decode_tps"]) / b);
+            println!("{name:<30} ours / mlx-lm: decode {:.2}x wall", med(&o["decode_tps"]) / b);
         }
     }
     println!("raw: {} (mlx-spec), mlx-lm rows above from {}", ours_path.display(), a.python);

@@ -53,8 +53,11 @@ namespace mx = mlx::core;
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// Thread pool: workers spin briefly after a job (the next matmul of a decode step follows
-// within microseconds), then sleep on a condition variable.
+// Thread pool. A job is a number of chunks; the calling thread and the workers claim chunks
+// from a shared counter, so the caller never waits for a worker that has not started (on a
+// busy machine a worker may be descheduled: the caller then does its chunks itself). Idle
+// workers spin briefly (the next matmul of a decode step follows within microseconds), then
+// sleep on a condition variable.
 
 class Pool {
  public:
@@ -71,28 +74,33 @@ class Pool {
     threads_.store(n, std::memory_order_relaxed);
   }
 
-  // Runs fn(0..n-1) with fn(0) on the calling thread; returns when all have finished.
-  // Callers are the MLX stream threads; jobs from two streams at once are serialized.
-  void run(int n, const std::function<void(int)>& fn) {
-    if (n <= 1) {
-      fn(0);
+  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads() - 1
+  // workers; returns when all have finished. Jobs from two streams at once are serialized.
+  void run(int chunks, const std::function<void(int)>& fn) {
+    int helpers = std::min(threads(), chunks) - 1;
+    if (helpers <= 0) {
+      for (int i = 0; i < chunks; ++i) fn(i);
       return;
     }
     std::lock_guard<std::mutex> one_job(job_mutex_);
-    ensure_workers(n - 1);
-    job_ = &fn;
-    job_threads_ = n;
-    // Every worker acknowledges every job (idle ones too), so no worker can miss or repeat
-    // a generation: the next job starts only after all have seen this one.
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    ensure_workers(helpers);
+    fn_ = &fn;
+    chunks_ = chunks;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    job_.store(true, std::memory_order_seq_cst);
     generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(wake_mutex_);
       wake_.notify_all();
     }
-    fn(0);
-    while (pending_.load(std::memory_order_acquire) > 0) spin_pause();
-    job_ = nullptr;
+    work_chunks();
+    // Only chunks a worker has claimed (and is running) remain.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) pause_or_yield(spins);
+    // Retire the job; wait for workers that are between "saw the job" and "found no chunk".
+    job_.store(false, std::memory_order_seq_cst);
+    for (int spins = 0; inside_.load(std::memory_order_seq_cst) > 0; ++spins) pause_or_yield(spins);
+    fn_ = nullptr;
   }
 
  private:
@@ -105,32 +113,40 @@ class Pool {
     set_threads(n > 0 ? n : 1);
   }
 
-  static void spin_pause() {
+  static void pause_or_yield(int spins) {
+    if (spins < 4096) {
 #ifdef MLXSYS_X86
-    _mm_pause();
+      _mm_pause();
 #else
-    std::this_thread::yield();
+      std::this_thread::yield();
 #endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+
+  void work_chunks() {
+    for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < chunks_;) {
+      (*fn_)(i);
+      done_.fetch_add(1, std::memory_order_release);
+    }
   }
 
   void ensure_workers(int n) {
     while (static_cast<int>(workers_.size()) < n) {
-      int index = static_cast<int>(workers_.size()) + 1;
-      // The generation is read here, before the job that needs this worker is published, so
-      // the new worker cannot mistake that job for one it has already done.
       uint64_t seen = generation_.load(std::memory_order_acquire);
-      workers_.emplace_back([this, index, seen] { work(index, seen); });
+      workers_.emplace_back([this, seen] { work(seen); });
       workers_.back().detach();
     }
   }
 
-  void work(int index, uint64_t seen) {
+  void work(uint64_t seen) {
     for (;;) {
       // Spin up to ~100 us for the next job, then sleep.
       auto start = std::chrono::steady_clock::now();
       int spins = 0;
       while (generation_.load(std::memory_order_acquire) == seen) {
-        spin_pause();
+        pause_or_yield(0);
         if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
           std::unique_lock<std::mutex> lock(wake_mutex_);
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
@@ -140,17 +156,23 @@ class Pool {
         }
       }
       seen = generation_.load(std::memory_order_acquire);
-      if (index < job_threads_) (*job_)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      // Announce, then check the job is still live: run() retires it and then waits for
+      // `inside_` to drop to 0, so fn_/chunks_ stay valid while we are inside.
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (job_.load(std::memory_order_seq_cst)) work_chunks();
+      inside_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
   std::atomic<int> threads_{1};
   std::mutex job_mutex_;
   std::vector<std::thread> workers_;
-  const std::function<void(int)>* job_ = nullptr;
-  int job_threads_ = 0;
-  std::atomic<int> pending_{0};
+  const std::function<void(int)>* fn_ = nullptr;
+  int chunks_ = 0;
+  std::atomic<int> next_{0};
+  std::atomic<int> done_{0};
+  std::atomic<bool> job_{false};
+  std::atomic<int> inside_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
   std::mutex wake_mutex_;
@@ -332,14 +354,12 @@ constexpr size_t kParallelMinWeights = 1 << 15;
 
 void compute(const Problem& p) {
   size_t work = static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
-  int threads = work < kParallelMinWeights ? 1 : std::min(Pool::get().threads(), std::max(1, p.n / 8));
-  if (threads <= 1) return run_rows(p, 0, p.n);
-  // Contiguous slices of output features, multiples of 8 rows.
-  int per = ((p.n + threads - 1) / threads + 7) / 8 * 8;
-  Pool::get().run(threads, [&](int i) {
-    int n0 = std::min(p.n, i * per), n1 = std::min(p.n, (i + 1) * per);
-    if (n0 < n1) run_rows(p, n0, n1);
-  });
+  int threads = Pool::get().threads();
+  if (threads <= 1 || work < kParallelMinWeights || p.n < 16) return run_rows(p, 0, p.n);
+  // Chunks of output features (multiples of 8 rows), about 4 per thread for balance.
+  int per = std::max(8, (p.n + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
+  int chunks = (p.n + per - 1) / per;
+  Pool::get().run(chunks, [&](int i) { run_rows(p, i * per, std::min(p.n, (i + 1) * per)); });
 }
 
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.

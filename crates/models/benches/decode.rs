@@ -2,6 +2,10 @@
 //! curve `t(T)` (one forward over `T` tokens with logits for all `T`, on a KV cache filled
 //! with a ~400-token prompt, then rolled back), for `T` in 1, 2, 4, 8, 11, 16.
 //!
+//! Besides wall time it records the CPU time of the process (all threads) per decode token
+//! and per verify forward: on a shared machine that measures the work, which wall time does
+//! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
+//!
 //! Two variants run side by side in this one process:
 //! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
 //!   kernel of `mlx_core::cpu_quant`, pipelined decode);
@@ -66,6 +70,16 @@ fn others_cores(start: (u64, u64), t0: Instant) -> f64 {
     ((busy - start.0) as f64 - (own - start.1) as f64).max(0.0) / 100.0 / wall
 }
 
+/// CPU time of all this process's threads so far, ns (`/proc/self/task/*/schedstat`): the
+/// work a step costs, which unlike wall time hardly moves when other processes share the cores.
+fn process_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 fn set_variant(name: &str) {
     let ours = name == "ours";
     set_gemv_routing(ours);
@@ -85,34 +99,41 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
     let (decode_ids, verify_ids) = (chat(&s.decode_prompt), chat(&s.verify_prompt));
     let params = GenerateParams { max_tokens: s.tokens, sampler: Sampler::default(), eos: vec![] };
     let mut decode_tps = Vec::new();
+    let mut decode_cpu_ms = Vec::new();
     for rep in 0..=s.reps {
+        let c0 = process_cpu_ns();
         let stats = generate(&model, &decode_ids, &params, |_| true).expect("generate");
         if rep > 0 {
             decode_tps.push(stats.generation_tps);
+            decode_cpu_ms.push((process_cpu_ns() - c0) as f64 / 1e6 / stats.generation_tokens.max(1) as f64);
         }
     }
     let (mut cache, _) = prefill(&model, &verify_ids).expect("prefill");
     let window: Vec<u32> = verify_ids.iter().rev().take(16).copied().collect();
     let mut verify: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut verify_cpu: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     for rep in 0..=s.reps {
         for &t in &WINDOWS {
             let x = ids(&window[..t]).unwrap();
-            let t0 = Instant::now();
+            let (t0, c0) = (Instant::now(), process_cpu_ns());
             let logits = model.forward(&x, &mut cache).expect("forward");
             eval(&[&logits]).expect("eval");
             let ms = t0.elapsed().as_secs_f64() * 1e3;
+            let cpu_ms = (process_cpu_ns() - c0) as f64 / 1e6;
             assert_eq!(cache.trim(t), t, "exact rollback");
             if rep > 0 {
                 verify.entry(t).or_default().push(ms);
+                verify_cpu.entry(t).or_default().push(cpu_ms);
             }
         }
     }
     let t1 = median(&verify[&1]);
     let curve: Vec<String> = WINDOWS.iter().map(|t| format!("{:.2}", median(&verify[t]) / t1)).collect();
     eprintln!(
-        "{} / {variant}: decode {:.2} tok/s, t(1) {t1:.1} ms, t(T)/t(1) for T={WINDOWS:?}: {} (other processes: {:.2} cores)",
+        "{} / {variant}: decode {:.2} tok/s ({:.1} CPU ms/token), t(1) {t1:.1} ms, t(T)/t(1) for T={WINDOWS:?}: {} (other processes: {:.2} cores)",
         dir.display(),
         median(&decode_tps),
+        median(&decode_cpu_ms),
         curve.join(" "),
         others_cores(j0, t_start)
     );
@@ -122,6 +143,8 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
         "model": dir.display().to_string(),
         "prompt_tokens": {"decode": decode_ids.len(), "verify": verify_ids.len()},
         "decode_tps": decode_tps,
+        "decode_cpu_ms_per_token": decode_cpu_ms,
+        "verify_cpu_ms": verify_cpu.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "verify_ms": verify.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "others_cores": others_cores(j0, t_start),
         "qmm_isa": cpu_quant::isa(),
