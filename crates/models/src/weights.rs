@@ -24,9 +24,18 @@ impl Weights {
     /// index names a missing shard or no weight file exists; [`Error::Mlx`] for a corrupt
     /// safetensors file (the message names it).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_files(dir, &weight_files(dir)?)
+    }
+
+    /// Reads the given safetensors `files` (of the model directory `dir`, which error
+    /// messages name); a later file's tensor replaces an earlier one of the same name.
+    ///
+    /// # Errors
+    /// [`Error::Mlx`] for a missing or corrupt file (the message names it).
+    pub fn load_files(dir: &Path, files: &[PathBuf]) -> Result<Self> {
         let mut tensors = BTreeMap::new();
-        for file in weight_files(dir)? {
-            let st = load_safetensors(&file)?;
+        for file in files {
+            let st = load_safetensors(file)?;
             tensors.extend(st.tensors);
         }
         Ok(Weights { dir: dir.into(), tensors })

@@ -22,6 +22,15 @@ pub enum Error {
         #[source]
         source: mlx_core::Error,
     },
+    /// A DSpark drafter call failed (forward pass, malformed taps).
+    #[error("{context}: {source}")]
+    Drafter {
+        /// What the source was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: drafter::Error,
+    },
     /// A draft model cannot draft for a target (different vocabulary or special tokens).
     #[error("draft model `{draft}` cannot draft for target model `{target}`: {message}")]
     Incompatible {
@@ -65,5 +74,11 @@ impl<T> Context<T> for std::result::Result<T, models::Error> {
 impl<T> Context<T> for std::result::Result<T, mlx_core::Error> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|source| Error::Mlx { context: what(), source })
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, drafter::Error> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Drafter { context: what(), source })
     }
 }

@@ -7,7 +7,26 @@ use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
 use models::{ModelCache, Transformer};
 
 use crate::error::Context;
+use crate::rejection::{Acceptance, Verdict, rejection_step};
 use crate::{DraftSource, Error, Result, SpecStats};
+
+/// Per-request options of the executor. A bare `usize` converts into options with that
+/// `num_draft_tokens` and the default (exact-match) acceptance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpecOptions {
+    /// The most drafts per round (γ, `--num-draft-tokens`); `0` makes every round a plain
+    /// decoding step.
+    pub num_draft_tokens: usize,
+    /// The acceptance rule (see [`crate::rejection`]); ignored by greedy samplers, for which
+    /// both rules are the same.
+    pub acceptance: Acceptance,
+}
+
+impl From<usize> for SpecOptions {
+    fn from(num_draft_tokens: usize) -> Self {
+        SpecOptions { num_draft_tokens, acceptance: Acceptance::ExactMatch }
+    }
+}
 
 /// Environment variable: `MLX_SPEC_TRACE=1` prints every round (feed, drafts, accepted, the
 /// closing token) to stderr.
@@ -36,21 +55,30 @@ pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
 /// a backend whose window kernels round differently can flip a near-tie (see
 /// `docs/architecture.md`, "Lossless").
 ///
+/// With [`Acceptance::Rejection`] and a sampling (temperature > 0) request, drafts are
+/// instead tested with the Leviathan/Chen rule ([`crate::rejection::rejection_step`])
+/// against the source's [`DraftSource::draft_probs`]: every token is then distributed as
+/// the target's, but the tokens differ from plain decoding's for the same seed. The accept
+/// and residual draws use [`models::Sampler::uniform`] streams 1 and 2 of the position's
+/// step; the bonus token is sampled as plain decoding samples it.
+///
 /// `MLX_SPEC_TRACE=1` prints each round to stderr.
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty prompt; [`Error::Model`]/[`Error::Mlx`] naming the step
 /// for model failures; [`Error::Contract`] when the source returns more drafts than asked
-/// for or a token id outside the target's vocabulary; the source's own errors.
+/// for, a token id outside the target's vocabulary, or (rejection rule) draft
+/// probabilities of the wrong shape or giving its own draft zero probability; the source's
+/// own errors.
 pub fn speculative_generate(
     target: &Transformer,
     source: &mut dyn DraftSource,
     prompt: &[u32],
     params: &GenerateParams,
-    num_draft_tokens: usize,
+    options: impl Into<SpecOptions>,
     on_token: impl FnMut(u32) -> bool,
 ) -> Result<SpecStats> {
-    speculative_generate_with_cache(target, target.make_cache(), source, prompt, params, num_draft_tokens, on_token)
+    speculative_generate_with_cache(target, target.make_cache(), source, prompt, params, options, on_token)
 }
 
 /// [`speculative_generate`] with a caller-made target cache (for example one whose layers
@@ -66,9 +94,11 @@ pub fn speculative_generate_with_cache(
     source: &mut dyn DraftSource,
     prompt: &[u32],
     params: &GenerateParams,
-    num_draft_tokens: usize,
+    options: impl Into<SpecOptions>,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<SpecStats> {
+    let SpecOptions { num_draft_tokens, acceptance } = options.into();
+    let rejection = acceptance == Acceptance::Rejection && !params.sampler.is_greedy();
     let Some((&last, head)) = prompt.split_last() else {
         return Err(Error::Invalid("an empty prompt".into()));
     };
@@ -138,15 +168,36 @@ pub fn speculative_generate_with_cache(
         }
         stats.drafted += d;
 
-        // The accept walk: position i is sampled exactly as plain decoding samples `step`.
+        // The accept walk: position i is sampled exactly as plain decoding samples `step`
+        // (or, under the rejection rule, drafts are tested against the drafter's q).
+        let draft_probs = if rejection && d > 0 { Some(draft_probs(source, d, step)?) } else { None };
         let mut accepted = 0;
         let mut closing = None;
         let mut finished = false;
         for i in 0..=d {
             let row = logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32));
             let row = row.context(|| format!("logits of window position {i}"))?;
-            let t =
-                params.sampler.sample(&row, stats.emitted).context(|| format!("sampling step {}", stats.emitted))?;
+            let at = stats.emitted;
+            let t = match &draft_probs {
+                Some(q) if i < d => {
+                    let what = || format!("target distribution at step {at}");
+                    let lp = params.sampler.logprobs(&row).context(what)?;
+                    let p: Vec<f32> = lp.exp().and_then(|e| e.to_vec()).context(what)?;
+                    let q_row = q.as_ref().map(|q| &q[i * q.len() / d..(i + 1) * q.len() / d]);
+                    let (ua, ur) = (params.sampler.uniform(at, 1), params.sampler.uniform(at, 2));
+                    match rejection_step(&p, q_row, drafts[i], ua, ur) {
+                        Ok(Verdict::Accept) => drafts[i],
+                        Ok(Verdict::Reject(t)) => t,
+                        Err(message) => {
+                            return Err(Error::Contract {
+                                source_name: source.name().to_string(),
+                                message: format!("draft {i} at step {step}: {message}"),
+                            });
+                        }
+                    }
+                }
+                _ => params.sampler.sample(&row, at).context(|| format!("sampling step {at}"))?,
+            };
             if params.eos.contains(&t) {
                 stats.stopped_on_eos = true;
                 finished = true;
@@ -253,4 +304,22 @@ fn prefill_target(
         .collect::<mlx_core::Result<Vec<_>>>()
         .context(|| "concatenating prefill taps".to_string())?;
     Ok(Some(taps))
+}
+
+/// The drafter's distributions of the last `d` drafts as one host vector of `d` rows
+/// (`None`: a deterministic proposal, one-hot on each draft).
+fn draft_probs(source: &dyn DraftSource, d: usize, step: usize) -> Result<Option<Vec<f32>>> {
+    let Some(q) = source.draft_probs()? else {
+        return Ok(None);
+    };
+    let what = || format!("draft probabilities of {d} drafts at step {step}");
+    let shape = q.shape();
+    if shape.len() != 2 || shape[0] as usize != d {
+        return Err(Error::Contract {
+            source_name: source.name().to_string(),
+            message: format!("draft_probs has shape {shape:?} for {d} drafts at step {step}; expected [{d}, V]"),
+        });
+    }
+    let host: Vec<f32> = q.astype(Dtype::Float32).and_then(|q| q.to_vec()).context(what)?;
+    Ok(Some(host))
 }

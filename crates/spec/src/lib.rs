@@ -6,10 +6,15 @@
 //!
 //! - [`DraftProvider`] / [`DraftSource`]: the seam between decoding and drafting
 //!   ([`source`] documents the per-round protocol and the re-feed rule).
-//! - [`speculative_generate`]: the executor, with [`SpecStats`].
+//! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
+//!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling).
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
+//! - [`ab`]: the acceptance A/B of two drafters on one target.
+//! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
 //! - [`two_model::TwoModelProvider`]: a small model with the same tokenizer drafts;
 //!   [`two_model::check_tokenizers`] refuses a mismatched pair.
+//! - [`dspark::DSparkProvider`]: a DeepSpec DSpark / DFlash drafter (`drafter` crate) that
+//!   drafts a block per round from the target's tapped hidden states.
 //!
 //! ```no_run
 //! use models::{GenerateParams, LoadOptions, Sampler, load_model};
@@ -29,14 +34,19 @@
 //! # }
 //! ```
 
+pub mod ab;
+pub mod dspark;
 mod error;
 mod executor;
 pub mod ngram;
+pub mod prompts;
+pub mod rejection;
 pub mod source;
 mod stats;
 pub mod two_model;
 
 pub use error::{Error, Result};
-pub use executor::{TRACE_ENV, speculative_generate, speculative_generate_with_cache};
+pub use executor::{SpecOptions, TRACE_ENV, speculative_generate, speculative_generate_with_cache};
+pub use rejection::Acceptance;
 pub use source::{DraftProvider, DraftSource};
 pub use stats::SpecStats;

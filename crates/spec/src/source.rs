@@ -77,6 +77,19 @@ pub trait DraftSource {
     /// finds its history out of step with `step`.
     fn draft(&mut self, feed: &[u32], n: usize, step: usize) -> Result<Vec<u32>>;
 
+    /// The distributions the drafts of the last [`DraftSource::draft`] call were drawn from,
+    /// `[d, V']` probabilities (any float dtype; row `i` is draft `i`'s `q`, after the
+    /// drafter's own sampling filters), for the Leviathan/Chen rejection rule
+    /// ([`crate::rejection`]). `None` (the default) means the drafts were chosen
+    /// deterministically (greedy, lookup), which the rule treats as one-hot `q`. A source
+    /// must return `Some` only when its drafts really were drawn from these rows.
+    ///
+    /// # Errors
+    /// Failures assembling the rows.
+    fn draft_probs(&self) -> Result<Option<Array>> {
+        Ok(None)
+    }
+
     /// Ends a round: of the `drafted` tokens the last [`DraftSource::draft`] returned, the
     /// first `accepted` were emitted. `taps`, when tap layers were requested, holds one
     /// `[1, drafted + 1, H]` array per tap layer: the target's hidden states over the verify

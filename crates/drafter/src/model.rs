@@ -1,0 +1,633 @@
+//! The DSpark drafter: loading and the forward pass (`deepspec-port-spec.md` §2;
+//! `deepspec/modeling/dspark/{qwen3,gemma4}/modeling.py`, `draft_ops.py`, `markov_head.py`).
+//!
+//! ```text
+//! C  = hidden_norm(fc(F))                       F [1, n, T*H] target taps -> C [1, n, H]
+//! per layer i: Kc_i = rope(k_norm(k_proj_i(C))), Vc_i = v_proj_i(C)   appended to the context
+//! X  = embed([anchor, mask x (B-1)])            [1, B, H] at positions start .. start+B-1
+//! per layer: Q from X only; K, V = [context; block]; attention without a mask
+//! h  = norm(X_L)                                [1, B, H]
+//! U  = lm_head(h)  (Gemma4: tanh(U/c)*c)        [1, B, V]
+//! z_k = U_k + W2 · W1[prev_k], d_k = argmax z_k, prev_0 = anchor, prev_k = d_{k-1}
+//! conf_k = sigmoid(w · [h_k; W1[prev_k]] + b)
+//! ```
+use std::path::{Path, PathBuf};
+
+use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::{Array, Dtype, concatenate};
+use models::LoadOptions;
+use models::cache::{KvCache, LayerCache};
+use models::config::{ModelConfig, QuantizationConfig};
+use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
+use models::weights::{Weights, weight_files};
+
+use crate::config::{Architecture, DrafterConfig};
+use crate::{Error, Result};
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    /// Absent with Gemma4 `k_eq_v` (V is the raw `k_proj` output).
+    v_proj: Option<Linear>,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    /// Gemma4's weightless RMS norm on V.
+    v_norm: bool,
+}
+
+struct Layer {
+    attn: Attention,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    /// Gemma4 sandwich norms.
+    pre_feedforward_layernorm: Option<RmsNorm>,
+    post_feedforward_layernorm: Option<RmsNorm>,
+    /// Gemma4 `layer_scalar` `[1]`.
+    layer_scalar: Option<Array>,
+}
+
+/// A loaded DeepSpec drafter (`Qwen3DSparkModel` or `Gemma4DSparkModel`; DFlash when
+/// `markov_rank` is 0), dense (bf16 or cast) or affine-quantized in the mlx-lm layout.
+///
+/// The drafter is stateless; the per-request context K/V live in a [`DraftContext`].
+pub struct Drafter {
+    config: DrafterConfig,
+    dir: PathBuf,
+    dtype: Dtype,
+    embed: Embedding,
+    /// Gemma4: `bf16(sqrt(H))`, the scale of `Gemma4TextScaledWordEmbedding`.
+    embed_scale: Option<f32>,
+    fc: Linear,
+    hidden_norm: RmsNorm,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    markov_w1: Option<Embedding>,
+    markov_w2: Option<Linear>,
+    confidence: Option<Linear>,
+    rope: Rope,
+    scale: f32,
+    quantized: Vec<String>,
+}
+
+/// The per-request drafter state: for every draft layer, the K (after `k_norm` and RoPE)
+/// and V of the context rows ingested so far, `[1, nkv, len, hd]` each. Block rows never
+/// persist. `len` is the drafter's `start`: the absolute position of the next anchor.
+pub struct DraftContext {
+    layers: Vec<KvCache>,
+    len: usize,
+}
+
+impl DraftContext {
+    /// Context rows ingested (positions `0 .. len`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no context has been ingested.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The cached K and V of draft layer `layer`, `[1, nkv, len, hd]` each (K after
+    /// `k_norm` and RoPE; V raw for Qwen3, after the weightless norm for Gemma4), or `None`
+    /// while empty or for a layer out of range.
+    ///
+    /// # Errors
+    /// [`Error::Mlx`] if slicing fails.
+    pub fn layer_kv(&self, layer: usize) -> Result<Option<(Array, Array)>> {
+        let Some(cache) = self.layers.get(layer) else { return Ok(None) };
+        let state = cache.state();
+        match state.as_slice() {
+            [k, v] if self.len > 0 => {
+                let n = self.len as i32;
+                Ok(Some((k.slice_axis(2, 0, n)?, v.slice_axis(2, 0, n)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The arrays holding the state (to evaluate).
+    pub fn state(&self) -> Vec<Array> {
+        self.layers.iter().flat_map(|c| c.state()).collect()
+    }
+}
+
+/// The block pass of one draft call.
+pub struct BlockOutput {
+    /// Block input embeddings `[1, B, H]` (Gemma4: times the embedding scale).
+    pub embed: Array,
+    /// The block residual stream after each draft layer, `[1, B, H]` each.
+    pub layer_outputs: Vec<Array>,
+    /// The final-normed block hidden `h` `[1, B, H]`.
+    pub hidden: Array,
+}
+
+/// One draft call's result.
+pub struct Proposal {
+    /// The drafts to verify: `all_drafts` truncated before the first position whose
+    /// confidence is below the threshold (all of them when the threshold is 0 or there is no
+    /// confidence head).
+    pub drafts: Vec<u32>,
+    /// All `B` greedy drafts of the block.
+    pub all_drafts: Vec<u32>,
+    /// The block pass.
+    pub block: BlockOutput,
+    /// Base logits `U` `[1, B, V]` (compute dtype; Gemma4: soft-capped).
+    pub base_logits: Array,
+    /// Markov-corrected logits `z` `[1, B, V]` (equal to `U` for DFlash).
+    pub logits: Array,
+    /// Confidence logits per block slot (f32), when the drafter has a confidence head.
+    pub confidence_logits: Option<Vec<f32>>,
+    /// `sigmoid` of them: the per-position (not cumulative) confidence.
+    pub confidence: Option<Vec<f32>>,
+}
+
+fn gelu_tanh(x: &Array) -> mlx_core::Result<Array> {
+    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (`gelu_pytorch_tanh`)
+    let dt = x.dtype();
+    let c = |v: f64| Array::scalar_as(v, dt);
+    let inner = x
+        .add(&x.multiply(x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
+        .multiply(&c((2.0 / std::f64::consts::PI).sqrt())?)?;
+    x.multiply(&c(0.5)?)?.multiply(&inner.tanh()?.add(&c(1.0)?)?)
+}
+
+impl Drafter {
+    /// Loads the drafter in `dir` (`config.json` + `model.safetensors`, or shards). Quantized
+    /// modules follow mlx-lm (`<base>.scales` present; `quantization` block in the config);
+    /// quantized `embed_tokens` and `markov_head.markov_w1` are gathered then dequantized.
+    /// `options.dtype` casts dense weights, norms and scales (`None` keeps bf16).
+    ///
+    /// # Errors
+    /// Those of [`DrafterConfig::from_dir`]; [`Error::Model`] naming the tensor when one is
+    /// missing or misshapen; [`Error::Unused`] when the files hold tensors the architecture
+    /// does not use.
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let config = DrafterConfig::from_dir(dir)?;
+        let cfg_path = config.path.clone();
+        let quant = if config.raw.quantization.is_some() || config.raw.quantization_config.is_some() {
+            QuantizationConfig::from_config(&ModelConfig::from_dir(dir)?, &cfg_path)?
+        } else {
+            QuantizationConfig::default()
+        };
+        let ctx = LoadContext { quant, dtype: options.dtype };
+        // DeepSpec writes one `model.safetensors`; shards come with an index (mlx-lm's rule
+        // of reading every `*.safetensors` would also pick up unrelated files beside it).
+        let single = dir.join("model.safetensors");
+        let files = if single.is_file() && !dir.join("model.safetensors.index.json").is_file() {
+            vec![single]
+        } else {
+            weight_files(dir)?
+        };
+        let mut w = Weights::load_files(dir, &files)?;
+        let quantized: Vec<String> =
+            w.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
+        let c = &config;
+        let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+        let gemma = c.architecture == Architecture::Gemma4;
+        let bias = c.attention_bias;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("layers.{i}");
+            let a = format!("{p}.self_attn");
+            let norm = |w: &mut Weights, n: &str, dim: usize| RmsNorm::load(w, &ctx, &format!("{p}.{n}"), dim, eps);
+            let attn = Attention {
+                q_proj: Linear::load(&mut w, &ctx, &format!("{a}.q_proj"), nh * hd, h, bias)?,
+                k_proj: Linear::load(&mut w, &ctx, &format!("{a}.k_proj"), nkv * hd, h, bias)?,
+                v_proj: if c.k_eq_v {
+                    None
+                } else {
+                    Some(Linear::load(&mut w, &ctx, &format!("{a}.v_proj"), nkv * hd, h, bias)?)
+                },
+                o_proj: Linear::load(&mut w, &ctx, &format!("{a}.o_proj"), h, nh * hd, bias)?,
+                q_norm: norm(&mut w, "self_attn.q_norm", hd)?,
+                k_norm: norm(&mut w, "self_attn.k_norm", hd)?,
+                v_norm: gemma,
+            };
+            let m = format!("{p}.mlp");
+            let iw = c.mlp_width(i);
+            layers.push(Layer {
+                attn,
+                gate_proj: Linear::load(&mut w, &ctx, &format!("{m}.gate_proj"), iw, h, false)?,
+                up_proj: Linear::load(&mut w, &ctx, &format!("{m}.up_proj"), iw, h, false)?,
+                down_proj: Linear::load(&mut w, &ctx, &format!("{m}.down_proj"), h, iw, false)?,
+                input_layernorm: norm(&mut w, "input_layernorm", h)?,
+                post_attention_layernorm: norm(&mut w, "post_attention_layernorm", h)?,
+                pre_feedforward_layernorm: if gemma {
+                    Some(norm(&mut w, "pre_feedforward_layernorm", h)?)
+                } else {
+                    None
+                },
+                post_feedforward_layernorm: if gemma {
+                    Some(norm(&mut w, "post_feedforward_layernorm", h)?)
+                } else {
+                    None
+                },
+                layer_scalar: if gemma {
+                    let s = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
+                    Some(match options.dtype {
+                        Some(d) => s.astype(d)?,
+                        None => s,
+                    })
+                } else {
+                    None
+                },
+            });
+        }
+        let (v, r) = (c.vocab_size, c.markov_rank);
+        let embed = Embedding::load(&mut w, &ctx, "embed_tokens", v, h)?;
+        let fc = Linear::load(&mut w, &ctx, "fc", h, c.feature_width(), false)?;
+        let hidden_norm = RmsNorm::load(&mut w, &ctx, "hidden_norm", h, eps)?;
+        let norm = RmsNorm::load(&mut w, &ctx, "norm", h, eps)?;
+        let lm_head = Linear::load(&mut w, &ctx, "lm_head", v, h, false)?;
+        let (markov_w1, markov_w2) = if r > 0 {
+            (
+                Some(Embedding::load(&mut w, &ctx, "markov_head.markov_w1", v, r)?),
+                Some(Linear::load(&mut w, &ctx, "markov_head.markov_w2", v, r, false)?),
+            )
+        } else {
+            (None, None)
+        };
+        let confidence = if c.confidence_head {
+            let inp = if c.confidence_with_markov { h + r } else { h };
+            Some(Linear::load(&mut w, &ctx, "confidence_head.proj", 1, inp, true)?)
+        } else {
+            None
+        };
+        let unused: Vec<String> = w.unused().iter().map(|s| s.to_string()).collect();
+        if !unused.is_empty() {
+            return Err(Error::Unused { path: dir.into(), names: unused });
+        }
+        let rope = if c.partial_rotary_factor < 1.0 {
+            // Proportional RoPE (transformers `_compute_proportional_rope_parameters`): the
+            // first `a` pairs (j, j + hd/2) rotate with inv_freq θ^(-2j/hd); the others have
+            // frequency 0 (infinite wavelength: left unchanged).
+            let a = ((c.partial_rotary_factor * hd as f64) / 2.0).floor() as usize;
+            let wavelengths: Vec<f32> = (0..hd / 2)
+                .map(|j| if j < a { c.rope_theta.powf(2.0 * j as f64 / hd as f64) as f32 } else { f32::INFINITY })
+                .collect();
+            Rope {
+                dims: hd as i32,
+                traditional: false,
+                base: c.rope_theta as f32,
+                scale: 1.0,
+                freqs: Some(Array::from_slice(&wavelengths, &[(hd / 2) as i32])?),
+            }
+        } else {
+            Rope { dims: hd as i32, traditional: false, base: c.rope_theta as f32, scale: 1.0, freqs: None }
+        };
+        let embed_scale = gemma.then(|| half::bf16::from_f32((h as f32).sqrt()).to_f32());
+        let scale = if gemma { 1.0 } else { (hd as f32).powf(-0.5) };
+        let dtype = hidden_norm.weight.dtype();
+        Ok(Drafter {
+            config,
+            dir: dir.into(),
+            dtype,
+            embed,
+            embed_scale,
+            fc,
+            hidden_norm,
+            layers,
+            norm,
+            lm_head,
+            markov_w1,
+            markov_w2,
+            confidence,
+            rope,
+            scale,
+            quantized,
+        })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.config
+    }
+
+    /// The directory it was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The compute dtype (that of the dense norms: bf16 as stored, or the load dtype).
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// `H`.
+    pub fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    /// γ: drafts per call.
+    pub fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    /// The tapped target layers, in feature order (`-1` = the embedding output).
+    pub fn target_layer_ids(&self) -> &[i64] {
+        &self.config.target_layer_ids
+    }
+
+    /// Module bases stored quantized (`<base>.scales` present), sorted.
+    pub fn quantized_modules(&self) -> &[String] {
+        &self.quantized
+    }
+
+    /// Checks that this drafter was trained for a target shaped like `target`:
+    /// `num_target_layers` equals its layer count, the hidden sizes agree (the taps feed
+    /// `fc`, `[H, T*H]`), and the vocabularies agree (drafts are target ids).
+    ///
+    /// # Errors
+    /// [`Error::Incompatible`] naming the drafter, `target_name`, the field, and both values.
+    pub fn check_target(&self, target: &ModelConfig, target_name: &str) -> Result<()> {
+        let c = &self.config;
+        let fail = |message: String| {
+            Err(Error::Incompatible {
+                drafter: self.dir.display().to_string(),
+                target: target_name.to_string(),
+                message,
+            })
+        };
+        if c.num_target_layers != target.num_hidden_layers {
+            return fail(format!(
+                "the drafter has num_target_layers {}, the target has num_hidden_layers {}",
+                c.num_target_layers, target.num_hidden_layers
+            ));
+        }
+        if c.hidden_size != target.hidden_size {
+            return fail(format!(
+                "the drafter has hidden_size {} (fc takes {} tap features), the target has hidden_size {}",
+                c.hidden_size,
+                c.feature_width(),
+                target.hidden_size
+            ));
+        }
+        if c.vocab_size != target.vocab_size {
+            return fail(format!(
+                "the drafter has vocab_size {}, the target has vocab_size {}",
+                c.vocab_size, target.vocab_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// A fresh, empty per-request context.
+    pub fn new_context(&self) -> DraftContext {
+        DraftContext { layers: (0..self.layers.len()).map(|_| KvCache::new()).collect(), len: 0 }
+    }
+
+    /// The context projection (paper Eq. 2): `C = hidden_norm(fc(F))`, `F [.., T*H]` the
+    /// target taps concatenated in `target_layer_ids` order (any float dtype; cast to the
+    /// compute dtype) -> `[.., H]`. The quantized `fc` goes through `quantized_matmul`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when the last axis is not `T*H`.
+    pub fn project_context(&self, features: &Array) -> Result<Array> {
+        let width = self.config.feature_width() as i32;
+        if features.shape().last() != Some(&width) {
+            return Err(Error::Invalid(format!(
+                "context features of shape {:?}; the drafter's fc takes {width} = {} taps x {} hidden",
+                features.shape(),
+                self.config.target_layer_ids.len(),
+                self.config.hidden_size
+            )));
+        }
+        let x = features.astype(self.dtype)?;
+        Ok(self.hidden_norm.forward(&self.fc.forward(&x)?)?)
+    }
+
+    /// Concatenates per-tap hidden states (`[1, n, H]` each, in `target_layer_ids` order)
+    /// along the feature axis into `[1, n, T*H]`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when the count differs from the number of tap layers.
+    pub fn concat_taps(&self, taps: &[Array]) -> Result<Array> {
+        let t = self.config.target_layer_ids.len();
+        if taps.len() != t {
+            return Err(Error::Invalid(format!("{} tap arrays for a drafter with {t} tap layers", taps.len())));
+        }
+        Ok(concatenate(&taps.iter().collect::<Vec<_>>(), -1)?)
+    }
+
+    /// Appends `n` context rows: `features [1, n, T*H]` (or `[n, T*H]`) are the target taps at
+    /// absolute positions `ctx.len() .. ctx.len() + n`. Each layer's K (after `k_norm` and
+    /// RoPE) and V of `C = project_context(features)` join the context. Lazy.
+    ///
+    /// # Errors
+    /// As [`Drafter::project_context`].
+    pub fn ingest(&self, ctx: &mut DraftContext, features: &Array) -> Result<()> {
+        let f = if features.ndim() == 2 { features.expand_dims(&[0])? } else { features.clone() };
+        let n = f.shape()[1] as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        let c = self.project_context(&f)?;
+        let offset = ctx.len as i32;
+        for (layer, cache) in self.layers.iter().zip(ctx.layers.iter_mut()) {
+            let (k, v) = layer.attn.kv(&c, &self.rope, offset, self.config.rms_norm_eps, self.config.num_kv_heads)?;
+            cache.update_and_fetch(&k, &v)?;
+        }
+        ctx.len += n;
+        Ok(())
+    }
+
+    /// The block input `[anchor, mask x (B-1)]` embedded, `[1, B, H]` (Gemma4: times
+    /// `bf16(sqrt(H))`).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an anchor outside the vocabulary.
+    pub fn embed_block(&self, anchor: u32) -> Result<Array> {
+        let b = self.config.block_size;
+        if anchor as usize >= self.config.vocab_size {
+            return Err(Error::Invalid(format!(
+                "anchor {anchor} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        let mut ids = vec![self.config.mask_token_id as i32; b];
+        ids[0] = anchor as i32;
+        let x = self.embed.forward(&Array::from_slice(&ids, &[1, b as i32])?)?.astype(self.dtype)?;
+        Ok(match self.embed_scale {
+            Some(s) => x.multiply(&Array::scalar_as(s as f64, self.dtype)?)?,
+            None => x,
+        })
+    }
+
+    /// Runs the draft block for `anchor` at absolute positions `ctx.len() .. ctx.len() + B`
+    /// over the cached context (no mask: every slot sees the whole context and every slot).
+    /// The context is unchanged afterwards (block K/V are dropped). Lazy.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an anchor outside the vocabulary; MLX failures.
+    pub fn forward_block(&self, ctx: &mut DraftContext, anchor: u32) -> Result<BlockOutput> {
+        let embed = self.embed_block(anchor)?;
+        let b = self.config.block_size;
+        let offset = ctx.len as i32;
+        let mut x = embed.clone();
+        let mut layer_outputs = Vec::with_capacity(self.layers.len());
+        for (layer, cache) in self.layers.iter().zip(ctx.layers.iter_mut()) {
+            x = layer.forward(&x, cache, self, offset)?;
+            if cache.trim(b) != b {
+                return Err(Error::Invalid(format!("the draft context could not drop the {b} block rows")));
+            }
+            layer_outputs.push(x.clone());
+        }
+        let hidden = self.norm.forward(&x)?;
+        Ok(BlockOutput { embed, layer_outputs, hidden })
+    }
+
+    /// Base logits `U = lm_head(h)` (Gemma4: `tanh(U / c) * c`), `h [.., H]` -> `[.., V]`.
+    ///
+    /// # Errors
+    /// MLX failures.
+    pub fn base_logits(&self, hidden: &Array) -> Result<Array> {
+        let u = self.lm_head.forward(hidden)?;
+        Ok(match self.config.final_logit_softcapping {
+            Some(cap) => {
+                let c = Array::scalar_as(cap as f64, u.dtype())?;
+                u.divide(&c)?.tanh()?.multiply(&c)?
+            }
+            None => u,
+        })
+    }
+
+    /// `W1[tokens]` `[len, r]` (gathered, then dequantized when quantized), or `None` for
+    /// DFlash.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an id outside the vocabulary.
+    pub fn markov_embed(&self, tokens: &[u32]) -> Result<Option<Array>> {
+        let Some(w1) = &self.markov_w1 else { return Ok(None) };
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        Ok(Some(w1.forward(&Array::from_slice(&ids, &[ids.len() as i32])?)?.astype(self.dtype)?))
+    }
+
+    /// One draft call: [`Drafter::forward_block`], base logits, the sequential greedy Markov
+    /// walk (`z_k = U_k + W2 W1[prev_k]`, `d_k = argmax z_k`, first maximum on ties), the
+    /// confidence head on `[h_k; W1[prev_k]]` with `prev = [anchor, d_0 .. d_{B-2}]`, and
+    /// truncation before the first slot whose confidence is below `confidence_threshold`
+    /// (`<= 0` keeps all `B`; so does a drafter without confidence head). DFlash
+    /// (`markov_rank` 0) takes the argmax of every `U_k` in parallel.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an anchor outside the vocabulary; MLX failures.
+    pub fn propose(&self, ctx: &mut DraftContext, anchor: u32, confidence_threshold: f32) -> Result<Proposal> {
+        let block = self.forward_block(ctx, anchor)?;
+        let b = self.config.block_size as i32;
+        let u = self.base_logits(&block.hidden)?;
+        let (z, drafts) = match &self.markov_w2 {
+            Some(w2) => {
+                let mut prev = anchor;
+                let mut rows = Vec::with_capacity(b as usize);
+                let mut drafts = Vec::with_capacity(b as usize);
+                for k in 0..b {
+                    let w1 = self.markov_embed(&[prev])?.expect("markov_w1 exists with markov_w2");
+                    let zk = u.slice_axis(1, k, k + 1)?.squeeze(&[1])?.add(&w2.forward(&w1)?)?;
+                    let d = zk.argmax(-1, false)?.astype(Dtype::Uint32)?.to_vec::<u32>()?[0];
+                    drafts.push(d);
+                    rows.push(zk);
+                    prev = d;
+                }
+                let z = mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 1)?.reshape(&[1, b, -1])?;
+                (z, drafts)
+            }
+            None => {
+                let d = u.argmax(-1, false)?.astype(Dtype::Uint32)?.reshape(&[-1])?.to_vec::<u32>()?;
+                (u.clone(), d)
+            }
+        };
+        let (confidence_logits, confidence) = match &self.confidence {
+            Some(head) => {
+                let h = block.hidden.reshape(&[b, -1])?;
+                let feats = if self.config.confidence_with_markov {
+                    let prevs: Vec<u32> =
+                        std::iter::once(anchor).chain(drafts[..b as usize - 1].iter().copied()).collect();
+                    let w1 = self.markov_embed(&prevs)?.expect("confidence_with_markov implies a Markov head");
+                    concatenate(&[&h, &w1], -1)?
+                } else {
+                    h
+                };
+                let logit = head.forward(&feats)?.astype(Dtype::Float32)?.reshape(&[-1])?;
+                let sig = logit.sigmoid()?;
+                mlx_core::eval(&[&logit, &sig])?;
+                (Some(logit.to_vec::<f32>()?), Some(sig.to_vec::<f32>()?))
+            }
+            None => (None, None),
+        };
+        let keep = match (&confidence, confidence_threshold > 0.0) {
+            (Some(c), true) => c.iter().position(|&p| p < confidence_threshold).unwrap_or(drafts.len()),
+            _ => drafts.len(),
+        };
+        Ok(Proposal {
+            drafts: drafts[..keep].to_vec(),
+            all_drafts: drafts,
+            block,
+            base_logits: u,
+            logits: z,
+            confidence_logits,
+            confidence,
+        })
+    }
+}
+
+impl Attention {
+    /// K (normed, roped from `offset`) and V of `x [1, L, H]` as `[1, nkv, L, hd]`.
+    fn kv(&self, x: &Array, rope: &Rope, offset: i32, eps: f32, nkv: usize) -> Result<(Array, Array)> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let hd = self.k_norm.weight.shape()[0];
+        let split = |y: Array| y.reshape(&[b, l, nkv as i32, hd]);
+        let k_raw = split(self.k_proj.forward(x)?)?;
+        let k = self.k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
+        let k = rope.apply(&k, offset)?;
+        let v = match &self.v_proj {
+            Some(vp) => split(vp.forward(x)?)?,
+            None => k_raw,
+        };
+        let v = if self.v_norm { rms_norm(&v, None, eps)? } else { v };
+        Ok((k, v.transpose(&[0, 2, 1, 3])?))
+    }
+}
+
+impl Layer {
+    fn forward(&self, x: &Array, cache: &mut KvCache, d: &Drafter, offset: i32) -> Result<Array> {
+        let c = &d.config;
+        let gemma = c.architecture == Architecture::Gemma4;
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let (nh, hd) = (c.num_heads as i32, c.head_dim as i32);
+        let xn = self.input_layernorm.forward(x)?;
+        let q = self.attn.q_proj.forward(&xn)?.reshape(&[b, l, nh, hd])?;
+        let q = self.attn.q_norm.forward(&q)?.transpose(&[0, 2, 1, 3])?;
+        let q = d.rope.apply(&q, offset)?;
+        let (k, v) = self.attn.kv(&xn, &d.rope, offset, c.rms_norm_eps, c.num_kv_heads)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let o = scaled_dot_product_attention(&q, &k, &v, d.scale, AttentionMask::None)?;
+        let o = self.attn.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, nh * hd])?)?;
+        if gemma {
+            let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
+            let pre = self.pre_feedforward_layernorm.as_ref().expect("gemma layer");
+            let post = self.post_feedforward_layernorm.as_ref().expect("gemma layer");
+            let m = pre.forward(&h)?;
+            let act = gelu_tanh(&self.gate_proj.forward(&m)?)?;
+            let m = self.down_proj.forward(&act.multiply(&self.up_proj.forward(&m)?)?)?;
+            let h = h.add(&post.forward(&m)?)?;
+            Ok(match &self.layer_scalar {
+                Some(s) => h.multiply(s)?,
+                None => h,
+            })
+        } else {
+            let h = x.add(&o)?;
+            let m = self.post_attention_layernorm.forward(&h)?;
+            let g = self.gate_proj.forward(&m)?;
+            let silu = g.multiply(&g.sigmoid()?)?;
+            Ok(h.add(&self.down_proj.forward(&silu.multiply(&self.up_proj.forward(&m)?)?)?)?)
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The error type of the `quantize` crate.
+use std::path::PathBuf;
+
+/// Everything that can go wrong while quantizing a model directory. Every variant names the
+/// file (and the tensor or field, where there is one) and says what was expected versus
+/// found. When [`crate::quantize_model_dir`] returns one of these, nothing has been left at
+/// the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An MLX operation failed (quantize, dequantize, a cast, evaluation).
+    #[error("{path}: tensor `{tensor}`: {source}")]
+    Mlx {
+        /// The source file the tensor came from.
+        path: PathBuf,
+        /// The tensor (or module) being converted.
+        tensor: String,
+        /// mlx-core's error, with MLX's own message.
+        source: mlx_core::Error,
+    },
+    /// A file or directory could not be read, created, written or renamed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `config.json` or `model.safetensors.index.json` is missing, not JSON, or has a field
+    /// of the wrong form.
+    #[error("{path}: {message}")]
+    Config {
+        /// The JSON file (or the directory, when it is missing).
+        path: PathBuf,
+        /// What was wrong (the field is named).
+        message: String,
+    },
+    /// A safetensors file is malformed: truncated, a header that is not valid safetensors
+    /// JSON, offsets that overlap or point past the end of the file.
+    #[error("{path}: {message}")]
+    Safetensors {
+        /// The weight file.
+        path: PathBuf,
+        /// What was wrong (the tensor is named when one is at fault).
+        message: String,
+    },
+    /// A tensor cannot be converted: an unsupported dtype, a quantized module without its
+    /// scales/biases or config entry, shapes that disagree with the config.
+    #[error("{path}: tensor `{tensor}`: {message}")]
+    Tensor {
+        /// The weight file holding it.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Expected versus found.
+        message: String,
+    },
+    /// The options are not usable: bits / group size / mode MLX's affine quantization
+    /// refuses, a source already quantized when the caller does not allow that.
+    #[error("{0}")]
+    Options(String),
+    /// The destination exists (and `force` is off) or cannot be written.
+    #[error("{path}: {message}")]
+    Destination {
+        /// The destination directory.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

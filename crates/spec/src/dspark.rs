@@ -1,0 +1,210 @@
+//! DSpark drafting (DeepSpec's `Qwen3DSparkModel` / `Gemma4DSparkModel`, and DFlash): the
+//! drafter reads the target's hidden states at its tap layers, and each round proposes a
+//! whole block of `block_size` tokens from one parallel pass plus the sequential Markov
+//! head (`deepspec-port-spec.md` §2-3; DeepSpec `eval/dspark/evaluator.py`).
+//!
+//! # Bookkeeping
+//!
+//! The drafter's context covers the committed positions `0 .. start`, where `start` is the
+//! position of the anchor: the newest committed token, which the target has not run yet
+//! (the executor's `pending`). So:
+//! - `prefill(prompt, taps)`: the target ran `prompt[..n-1]`; its taps become context rows
+//!   `0 .. n-1`, and the anchor of the first round is `prompt[n-1]` at `start = n - 1`.
+//! - `draft(feed, n, step)`: the anchor is `feed.last()` (the correction or bonus token, or
+//!   the last prompt token), at `start = prompt.len() - 1 + step`, which must equal the
+//!   context length. The block `[anchor, mask x (B-1)]` yields `B` drafts; the first
+//!   `min(n, B)` are proposed (fewer when the confidence head truncates).
+//! - `commit(d, a, taps)`: the verify window `[anchor] ++ drafts` ran through the target;
+//!   its taps at window positions `0 ..= a` (the anchor and the accepted drafts) are now
+//!   committed and become exactly `a + 1` new context rows. The bonus or correction token
+//!   is the next anchor; its hidden state arrives with the next verify.
+use drafter::{DraftContext, Drafter};
+use mlx_core::Array;
+use models::{Sampler, Transformer};
+
+use crate::error::Context;
+use crate::{DraftProvider, DraftSource, Error, Result};
+
+/// Holds a loaded [`Drafter`] and opens a [`DSparkSource`] per request.
+pub struct DSparkProvider {
+    drafter: Drafter,
+    name: String,
+    confidence_threshold: f32,
+    tap_layers: Vec<usize>,
+}
+
+impl DSparkProvider {
+    /// A provider for `drafter`; `name` (usually the drafter directory) appears in traces and
+    /// errors. The confidence threshold starts at 0 (off: every block is proposed whole).
+    ///
+    /// # Errors
+    /// [`Error::Incompatible`] when the drafter taps the target's embedding output
+    /// (`target_layer_ids` holds `-1`): the executor supplies decoder-layer outputs only.
+    pub fn new(drafter: Drafter, name: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        let ids = drafter.target_layer_ids();
+        if ids.contains(&-1) {
+            return Err(Error::Incompatible {
+                draft: name,
+                target: "any target".into(),
+                message: format!(
+                    "target_layer_ids {ids:?} taps the embedding output (-1); the executor taps decoder-layer outputs only"
+                ),
+            });
+        }
+        let tap_layers = ids.iter().map(|&l| l as usize).collect();
+        Ok(DSparkProvider { drafter, name, confidence_threshold: 0.0, tap_layers })
+    }
+
+    /// Truncates each block before the first position whose confidence (the per-position
+    /// sigmoid of the confidence head, not the cumulative product) is below `threshold`;
+    /// `0` (the default) keeps every block whole. No effect on drafters without a
+    /// confidence head (DFlash).
+    pub fn with_confidence_threshold(mut self, threshold: f32) -> Self {
+        self.confidence_threshold = threshold;
+        self
+    }
+
+    /// The drafter.
+    pub fn drafter(&self) -> &Drafter {
+        &self.drafter
+    }
+}
+
+impl DraftProvider for DSparkProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// # Errors
+    /// [`Error::Incompatible`] naming both sides when the drafter's `num_target_layers`,
+    /// hidden size or vocabulary does not fit `target`.
+    fn open<'a>(&'a self, target: &'a Transformer, _sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
+        Ok(Box::new(DSparkSource::new(self, target)?))
+    }
+}
+
+/// One request's DSpark drafting state: the drafter's context K/V (see the module docs for
+/// the bookkeeping, which every call checks).
+pub struct DSparkSource<'a> {
+    drafter: &'a Drafter,
+    name: &'a str,
+    tap_layers: &'a [usize],
+    confidence_threshold: f32,
+    ctx: DraftContext,
+    prompt_len: usize,
+    last_drafts: Vec<u32>,
+}
+
+impl<'a> DSparkSource<'a> {
+    /// A source for one request of `target`.
+    ///
+    /// # Errors
+    /// [`Error::Incompatible`] naming both sides when the drafter's `num_target_layers`,
+    /// hidden size or vocabulary does not fit `target`.
+    pub fn new(provider: &'a DSparkProvider, target: &Transformer) -> Result<Self> {
+        let d = &provider.drafter;
+        let c = &target.config;
+        let target_name = format!("{} target ({} layers)", c.model_type, c.num_hidden_layers);
+        d.check_target(c, &target_name).map_err(|e| match e {
+            drafter::Error::Incompatible { drafter, target, message } => {
+                Error::Incompatible { draft: drafter, target, message }
+            }
+            e => Error::Drafter { context: format!("checking drafter `{}`", provider.name), source: e },
+        })?;
+        Ok(DSparkSource {
+            drafter: d,
+            name: &provider.name,
+            tap_layers: &provider.tap_layers,
+            confidence_threshold: provider.confidence_threshold,
+            ctx: d.new_context(),
+            prompt_len: 0,
+            last_drafts: Vec::new(),
+        })
+    }
+
+    /// The drafter's context (rows ingested so far and their K/V).
+    pub fn context(&self) -> &DraftContext {
+        &self.ctx
+    }
+
+    fn contract(&self, message: String) -> Error {
+        Error::Contract { source_name: self.name.to_string(), message }
+    }
+
+    /// Concatenates window rows `0 .. rows` of each tap into `[1, rows, T*H]` and appends
+    /// them to the context.
+    fn ingest(&mut self, taps: &[Array], rows: usize, what: &str) -> Result<()> {
+        let ctx_what = || format!("drafter `{}` ingesting {rows} context rows ({what})", self.name);
+        let parts: Vec<Array> =
+            taps.iter().map(|t| t.slice_axis(1, 0, rows as i32)).collect::<mlx_core::Result<_>>().context(ctx_what)?;
+        if let Some(bad) = parts.iter().find(|p| p.shape().get(1) != Some(&(rows as i32))) {
+            return Err(self.contract(format!("{what}: a tap of shape {:?} holds fewer than {rows} rows", bad.shape())));
+        }
+        let feats = self.drafter.concat_taps(&parts).context(ctx_what)?;
+        self.drafter.ingest(&mut self.ctx, &feats).context(ctx_what)
+    }
+}
+
+impl DraftSource for DSparkSource<'_> {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn tap_layers(&self) -> &[usize] {
+        self.tap_layers
+    }
+
+    fn prefill(&mut self, prompt: &[u32], taps: Option<&[Array]>) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::Invalid("an empty prompt".into()));
+        }
+        self.ctx = self.drafter.new_context();
+        self.prompt_len = prompt.len();
+        self.last_drafts.clear();
+        let rows = prompt.len() - 1;
+        match taps {
+            Some(taps) => self.ingest(taps, rows, "prefill")?,
+            None if rows == 0 => {}
+            None => return Err(self.contract(format!("prefill of a {}-token prompt without taps", prompt.len()))),
+        }
+        Ok(())
+    }
+
+    fn draft(&mut self, feed: &[u32], n: usize, step: usize) -> Result<Vec<u32>> {
+        let Some(&anchor) = feed.last() else {
+            return Err(self.contract(format!("empty feed at step {step}")));
+        };
+        let start = self.prompt_len - 1 + step;
+        if self.ctx.len() != start {
+            return Err(self.contract(format!(
+                "at step {step} the anchor sits at position {start} (prompt {} + {step} - 1), but the drafter's context holds {} rows",
+                self.prompt_len,
+                self.ctx.len()
+            )));
+        }
+        self.last_drafts.clear();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let what = || format!("drafter `{}` block for anchor {anchor} at position {start}", self.name);
+        let p = self.drafter.propose(&mut self.ctx, anchor, self.confidence_threshold).context(what)?;
+        let mut drafts = p.drafts;
+        drafts.truncate(n);
+        self.last_drafts = drafts.clone();
+        Ok(drafts)
+    }
+
+    fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()> {
+        if drafted != self.last_drafts.len() || accepted > drafted {
+            return Err(self
+                .contract(format!("commit({drafted}, {accepted}) after drafting {} tokens", self.last_drafts.len())));
+        }
+        let Some(taps) = taps else {
+            return Err(self.contract(format!("commit({drafted}, {accepted}) without the verify window's taps")));
+        };
+        self.ingest(taps, accepted + 1, "commit")?;
+        self.last_drafts.clear();
+        Ok(())
+    }
+}
