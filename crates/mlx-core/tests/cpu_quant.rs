@@ -161,3 +161,42 @@ fn auto_falls_back_to_mlx_for_other_dtypes() {
     let b = q.matmul_t(&x).unwrap();
     assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
 }
+
+/// A row of a T-row product equals the one-row product of that row bit for bit, on both
+/// instruction-set paths: verify windows see exactly the logits of one-token steps.
+#[test]
+fn rows_do_not_depend_on_the_window_size() {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    for portable in [false, true] {
+        let prev = cpu_quant::force_portable(portable);
+        let mut runner =
+            proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: 24, ..Default::default() });
+        let strategy = (
+            prop_oneof![Just(4), Just(8)],
+            prop_oneof![Just(32), Just(64), Just(128)],
+            1..300i32,
+            1..6i32,
+            2..=16i32,
+            any::<u64>(),
+        );
+        let result = runner.run(&strategy, |(bits, gs, n, groups, t, seed)| {
+            let k = gs * groups;
+            let spec = QuantSpec::new(gs, bits).unwrap();
+            let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed)).unwrap();
+            let q = quant::quantize(&w, spec).unwrap();
+            let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 3)).unwrap();
+            let all = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec).unwrap().to_vec::<f32>().unwrap();
+            for r in 0..t {
+                let xr = x.slice_axis(0, r, r + 1).unwrap();
+                let one =
+                    quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec).unwrap().to_vec::<f32>().unwrap();
+                let row = &all[(r * n) as usize..((r + 1) * n) as usize];
+                let same = row.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits());
+                prop_assert!(same, "bits {bits} gs {gs} n {n} k {k} t {t}: row {r} differs from its one-row product");
+            }
+            Ok(())
+        });
+        cpu_quant::force_portable(prev);
+        result.unwrap_or_else(|e| panic!("portable {portable}: {e}"));
+    }
+}

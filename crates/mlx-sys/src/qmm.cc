@@ -5,8 +5,10 @@
 // weights, and its cost grows linearly with the number of activation rows (a verify window
 // of 11 tokens costs ~8x one token). This kernel
 //   - decodes each packed weight row once per call and applies it to every activation row
-//     (T <= 4 straight from registers; more rows through a dequantized copy of the row in
+//     (T = 1 straight from registers; more rows through a dequantized copy of the row in
 //     L1), so a verify window costs little more than one token;
+//   - gives bit-identical results for a row whatever the number of rows T (see below), so
+//     speculative verification sees exactly the logits of plain decoding;
 //   - uses AVX2 + FMA when the CPU has them (runtime check with __builtin_cpu_supports; the
 //     library itself is compiled for baseline x86-64) and portable C++ otherwise;
 //   - splits the output features over a small persistent thread pool (all cores by default,
@@ -51,8 +53,11 @@ namespace mx = mlx::core;
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// Thread pool: workers spin briefly after a job (the next matmul of a decode step follows
-// within microseconds), then sleep on a condition variable.
+// Thread pool. A job is a number of chunks; the calling thread and the workers claim chunks
+// from a shared counter, so the caller never waits for a worker that has not started (on a
+// busy machine a worker may be descheduled: the caller then does its chunks itself). Idle
+// workers spin briefly (the next matmul of a decode step follows within microseconds), then
+// sleep on a condition variable.
 
 class Pool {
  public:
@@ -69,28 +74,33 @@ class Pool {
     threads_.store(n, std::memory_order_relaxed);
   }
 
-  // Runs fn(0..n-1) with fn(0) on the calling thread; returns when all have finished.
-  // Callers are the MLX stream threads; jobs from two streams at once are serialized.
-  void run(int n, const std::function<void(int)>& fn) {
-    if (n <= 1) {
-      fn(0);
+  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads() - 1
+  // workers; returns when all have finished. Jobs from two streams at once are serialized.
+  void run(int chunks, const std::function<void(int)>& fn) {
+    int helpers = std::min(threads(), chunks) - 1;
+    if (helpers <= 0) {
+      for (int i = 0; i < chunks; ++i) fn(i);
       return;
     }
     std::lock_guard<std::mutex> one_job(job_mutex_);
-    ensure_workers(n - 1);
-    job_ = &fn;
-    job_threads_ = n;
-    // Every worker acknowledges every job (idle ones too), so no worker can miss or repeat
-    // a generation: the next job starts only after all have seen this one.
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    ensure_workers(helpers);
+    fn_ = &fn;
+    chunks_ = chunks;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    job_.store(true, std::memory_order_seq_cst);
     generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(wake_mutex_);
       wake_.notify_all();
     }
-    fn(0);
-    while (pending_.load(std::memory_order_acquire) > 0) spin_pause();
-    job_ = nullptr;
+    work_chunks();
+    // Only chunks a worker has claimed (and is running) remain.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) pause_or_yield(spins);
+    // Retire the job; wait for workers that are between "saw the job" and "found no chunk".
+    job_.store(false, std::memory_order_seq_cst);
+    for (int spins = 0; inside_.load(std::memory_order_seq_cst) > 0; ++spins) pause_or_yield(spins);
+    fn_ = nullptr;
   }
 
  private:
@@ -103,32 +113,40 @@ class Pool {
     set_threads(n > 0 ? n : 1);
   }
 
-  static void spin_pause() {
+  static void pause_or_yield(int spins) {
+    if (spins < 4096) {
 #ifdef MLXSYS_X86
-    _mm_pause();
+      _mm_pause();
 #else
-    std::this_thread::yield();
+      std::this_thread::yield();
 #endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+
+  void work_chunks() {
+    for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < chunks_;) {
+      (*fn_)(i);
+      done_.fetch_add(1, std::memory_order_release);
+    }
   }
 
   void ensure_workers(int n) {
     while (static_cast<int>(workers_.size()) < n) {
-      int index = static_cast<int>(workers_.size()) + 1;
-      // The generation is read here, before the job that needs this worker is published, so
-      // the new worker cannot mistake that job for one it has already done.
       uint64_t seen = generation_.load(std::memory_order_acquire);
-      workers_.emplace_back([this, index, seen] { work(index, seen); });
+      workers_.emplace_back([this, seen] { work(seen); });
       workers_.back().detach();
     }
   }
 
-  void work(int index, uint64_t seen) {
+  void work(uint64_t seen) {
     for (;;) {
       // Spin up to ~100 us for the next job, then sleep.
       auto start = std::chrono::steady_clock::now();
       int spins = 0;
       while (generation_.load(std::memory_order_acquire) == seen) {
-        spin_pause();
+        pause_or_yield(0);
         if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
           std::unique_lock<std::mutex> lock(wake_mutex_);
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
@@ -138,17 +156,23 @@ class Pool {
         }
       }
       seen = generation_.load(std::memory_order_acquire);
-      if (index < job_threads_) (*job_)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      // Announce, then check the job is still live: run() retires it and then waits for
+      // `inside_` to drop to 0, so fn_/chunks_ stay valid while we are inside.
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (job_.load(std::memory_order_seq_cst)) work_chunks();
+      inside_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
   std::atomic<int> threads_{1};
   std::mutex job_mutex_;
   std::vector<std::thread> workers_;
-  const std::function<void(int)>* job_ = nullptr;
-  int job_threads_ = 0;
-  std::atomic<int> pending_{0};
+  const std::function<void(int)>* fn_ = nullptr;
+  int chunks_ = 0;
+  std::atomic<int> next_{0};
+  std::atomic<int> done_{0};
+  std::atomic<bool> job_{false};
+  std::atomic<int> inside_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
   std::mutex wake_mutex_;
@@ -218,57 +242,60 @@ AVX2_FN_ALWAYS __m256 decode8(const uint32_t* wr, int c) {
   }
 }
 
-// T <= 4 activation rows straight from registers: per weight chunk, one decode, one
-// scale/bias FMA, then one FMA per activation row. U independent accumulators per row
-// (over consecutive chunks) hide the FMA latency when T is small.
-template <int BITS, int T, int U>
-AVX2_FN void rows_avx2_small(const Problem& p, int n0, int n1) {
+// Every output element is computed by the same sequence of float operations whatever the
+// number of activation rows T, so a verify window's logits equal one-token steps' logits bit
+// for bit (greedy speculative output cannot drift from plain decode through rounding):
+//   w_c   = fma(decode(q_c), scale_g, bias_g)           8 weights of chunk c (group g)
+//   acc_u = fma(w_c, x_c, acc_u)  for c = u, u+4, ...    4 accumulators, in chunk order
+//   y     = hsum((acc_0 + acc_1) + (acc_2 + acc_3))
+// T = 1 decodes straight from registers; T >= 2 dequantizes each weight row once into an L1
+// buffer (same w_c values) and applies it to 3 activation rows at a time.
+constexpr int kAcc = 4;
+
+AVX2_FN_ALWAYS float finish(const __m256* acc) {
+  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+template <int BITS>
+AVX2_FN void rows_avx2_one(const Problem& p, int n0, int n1) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
     const float* sr = p.s + static_cast<size_t>(n) * groups;
     const float* br = p.b + static_cast<size_t>(n) * groups;
-    __m256 acc[T][U];
-    for (int t = 0; t < T; ++t)
-      for (int u = 0; u < U; ++u) acc[t][u] = _mm256_setzero_ps();
+    __m256 acc[kAcc];
+    for (int u = 0; u < kAcc; ++u) acc[u] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
-      const int c0 = g * chunks_per_group;
-      for (int c = c0; c < c0 + chunks_per_group; c += U) {
-        for (int u = 0; u < U; ++u) {
+      const int c0 = g * chunks_per_group;  // a multiple of 4: chunk c feeds acc[c % 4]
+      for (int c = c0; c < c0 + chunks_per_group; c += kAcc) {
+        for (int u = 0; u < kAcc; ++u) {
           __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c + u), sc, bi);
-          for (int t = 0; t < T; ++t) {
-            __m256 xv = _mm256_loadu_ps(p.x + static_cast<size_t>(t) * p.k + 8 * (c + u));
-            acc[t][u] = _mm256_fmadd_ps(wv, xv, acc[t][u]);
-          }
+          acc[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p.x + 8 * (c + u)), acc[u]);
         }
       }
     }
-    for (int t = 0; t < T; ++t) {
-      __m256 a = acc[t][0];
-      for (int u = 1; u < U; ++u) a = _mm256_add_ps(a, acc[t][u]);
-      p.out[static_cast<size_t>(t) * p.n + n] = hsum(a);
-    }
+    p.out[n] = finish(acc);
   }
 }
 
-// Dot products of one dequantized row with R (<= 4) activation rows.
+// Dot products of one dequantized row with R activation rows (same accumulation as above).
 template <int R>
 AVX2_FN_ALWAYS void dot_rows(const float* row, const float* x, int k, float* out, size_t out_stride) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int i = 0; i < k; i += 16) {
-    __m256 w0 = _mm256_loadu_ps(row + i), w1 = _mm256_loadu_ps(row + i + 8);
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i + 8), acc[r][1]);
+  __m256 acc[R][kAcc];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < kAcc; ++u) acc[r][u] = _mm256_setzero_ps();
+  for (int i = 0; i < k; i += 8 * kAcc) {
+    for (int u = 0; u < kAcc; ++u) {
+      __m256 wv = _mm256_loadu_ps(row + i + 8 * u);
+      for (int r = 0; r < R; ++r) {
+        acc[r][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i + 8 * u), acc[r][u]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+  for (int r = 0; r < R; ++r) out[r * out_stride] = finish(acc[r]);
 }
 
-// More rows: dequantize the weight row once into `row` (stays in L1), then 4 activation rows
-// at a time against it.
 template <int BITS>
 AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
@@ -284,27 +311,18 @@ AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
     }
     int m = 0;
     float* o = p.out + n;
-    for (; m + 4 <= p.m; m += 4) dot_rows<4>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n);
-    switch (p.m - m) {
-      case 3: dot_rows<3>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
-      case 2: dot_rows<2>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
-      case 1: dot_rows<1>(row, p.x + static_cast<size_t>(m) * p.k, p.k, o + static_cast<size_t>(m) * p.n, p.n); break;
-      default: break;
-    }
+    const size_t xs = static_cast<size_t>(p.k), os = static_cast<size_t>(p.n);
+    for (; m + 3 <= p.m; m += 3) dot_rows<3>(row, p.x + m * xs, p.k, o + m * os, os);
+    if (p.m - m == 2) dot_rows<2>(row, p.x + m * xs, p.k, o + m * os, os);
+    if (p.m - m == 1) dot_rows<1>(row, p.x + m * xs, p.k, o + m * os, os);
   }
 }
 
 template <int BITS>
 void rows_avx2(const Problem& p, int n0, int n1, std::vector<float>& row) {
-  switch (p.m) {
-    case 1: return rows_avx2_small<BITS, 1, 4>(p, n0, n1);
-    case 2: return rows_avx2_small<BITS, 2, 2>(p, n0, n1);
-    case 3: return rows_avx2_small<BITS, 3, 1>(p, n0, n1);
-    case 4: return rows_avx2_small<BITS, 4, 1>(p, n0, n1);
-    default:
-      row.resize(p.k);
-      return rows_avx2_many<BITS>(p, n0, n1, row.data());
-  }
+  if (p.m == 1) return rows_avx2_one<BITS>(p, n0, n1);
+  row.resize(p.k);
+  rows_avx2_many<BITS>(p, n0, n1, row.data());
 }
 
 bool cpu_has_avx2() {
@@ -336,14 +354,12 @@ constexpr size_t kParallelMinWeights = 1 << 15;
 
 void compute(const Problem& p) {
   size_t work = static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
-  int threads = work < kParallelMinWeights ? 1 : std::min(Pool::get().threads(), std::max(1, p.n / 8));
-  if (threads <= 1) return run_rows(p, 0, p.n);
-  // Contiguous slices of output features, multiples of 8 rows.
-  int per = ((p.n + threads - 1) / threads + 7) / 8 * 8;
-  Pool::get().run(threads, [&](int i) {
-    int n0 = std::min(p.n, i * per), n1 = std::min(p.n, (i + 1) * per);
-    if (n0 < n1) run_rows(p, n0, n1);
-  });
+  int threads = Pool::get().threads();
+  if (threads <= 1 || work < kParallelMinWeights || p.n < 16) return run_rows(p, 0, p.n);
+  // Chunks of output features (multiples of 8 rows), about 4 per thread for balance.
+  int per = std::max(8, (p.n + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
+  int chunks = (p.n + per - 1) / per;
+  Pool::get().run(chunks, [&](int i) { run_rows(p, i * per, std::min(p.n, (i + 1) * per)); });
 }
 
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.

@@ -2,9 +2,15 @@
 //! its last token is prefilled into the cache, then every step feeds one token and samples
 //! the next. The speculative executor uses the same prefill shape, so both paths see the
 //! same logits for the first generated token.
+//!
+//! Decoding is pipelined as in mlx-lm's `generate_step`: the graph of step `n + 1` is built
+//! from step `n`'s still-lazy sampled token and queued with `async_eval` before the host
+//! waits for token `n`, so building and dispatching a step overlaps the previous step's
+//! compute. A step has no other host synchronization.
 use std::time::Instant;
 
-use mlx_core::{Array, Dtype, memory};
+use mlx_core::random::categorical;
+use mlx_core::{Array, Dtype, async_eval, memory};
 
 use crate::sampling::Sampler;
 use crate::transformer::Transformer;
@@ -64,6 +70,29 @@ pub fn ids(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(&v, &[1, v.len() as i32])?)
 }
 
+/// Builds one decode step from `input` (token ids `[1, 1]`, possibly lazy), samples its
+/// token lazily with exactly the ops of [`crate::Sampler::sample`] and queues it with
+/// `async_eval`; returns the token, uint32 `[1, 1]`.
+fn decode_step(
+    model: &Transformer,
+    cache: &mut crate::ModelCache,
+    input: &Array,
+    params: &GenerateParams,
+    step: usize,
+) -> Result<Array> {
+    let logits = model.forward(input, cache)?;
+    let last = logits.slice_axis(1, -1, i32::MAX)?.astype(Dtype::Float32)?;
+    let s = &params.sampler;
+    let tok = if s.is_greedy() {
+        last.reshape(&[-1])?.argmax(0, false)?
+    } else {
+        categorical(&s.logprobs(&last)?, 0, &s.key(step))?
+    };
+    let tok = tok.astype(Dtype::Uint32)?.reshape(&[1, 1])?;
+    async_eval(&[&tok])?;
+    Ok(tok)
+}
+
 /// Generates up to `params.max_tokens` tokens after `prompt`, calling `on_token` with each
 /// token as soon as it is sampled (return `false` to stop early).
 ///
@@ -80,10 +109,18 @@ pub fn generate(
     let (mut cache, mut token) = prefill(model, prompt)?;
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
     let mut first_token_at = None;
-    for step in 0..params.max_tokens {
-        let logits = model.forward(&ids(&[token])?, &mut cache)?;
-        let last = logits.slice_axis(1, -1, i32::MAX)?.astype(Dtype::Float32)?;
-        token = params.sampler.sample(&last, step)?;
+    // The step in flight: its lazy token id, uint32 [1, 1].
+    let mut pending =
+        if params.max_tokens > 0 { Some(decode_step(model, &mut cache, &ids(&[token])?, params, 0)?) } else { None };
+    let mut step = 0;
+    while let Some(cur) = pending.take() {
+        if step + 1 < params.max_tokens {
+            // Queue step + 1 before reading this step's token (its input is `cur`, still lazy).
+            // If `cur` turns out to be EOS the extra step is wasted work on a cache that is
+            // dropped with this request.
+            pending = Some(decode_step(model, &mut cache, &cur, params, step + 1)?);
+        }
+        token = cur.to_vec::<u32>()?[0];
         if first_token_at.is_none() {
             first_token_at = Some(Instant::now());
         }
@@ -95,6 +132,7 @@ pub fn generate(
         if !on_token(token) {
             break;
         }
+        step += 1;
     }
     let end = Instant::now();
     if let Some(t1) = first_token_at {

@@ -1,0 +1,201 @@
+//! Decode-speed benchmark on real weights: plain decode tokens/s and the verify-window cost
+//! curve `t(T)` (one forward over `T` tokens with logits for all `T`, on a KV cache filled
+//! with a ~400-token prompt, then rolled back), for `T` in 1, 2, 4, 8, 11, 16.
+//!
+//! Besides wall time it records the CPU time of the process (all threads) per decode token
+//! and per verify forward: on a shared machine that measures the work, which wall time does
+//! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
+//!
+//! Two variants run side by side in this one process:
+//! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
+//!   kernel of `mlx_core::cpu_quant`, pipelined decode);
+//! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
+//!   `quantized_matmul`), i.e. what the pip wheel gives.
+//!
+//! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
+//! prints the table; alone: `MLX_SPEC_BENCH_MODELS=dir1:dir2 cargo bench -p models --bench
+//! decode`. Environment: `MLX_SPEC_BENCH_MODELS` (model directories, `:`-separated; default
+//! the imported SmolLM2), `MLX_SPEC_BENCH_PROMPTS` (default `fixtures/bench/prompts.json`),
+//! `MLX_SPEC_BENCH_OUT` (JSON lines, default `target/bench-decode/ours.jsonl`),
+//! `MLX_SPEC_BENCH_TOKENS` (default 64), `MLX_SPEC_BENCH_REPS` (default 5). Under `cargo test`
+//! (no `--bench` argument) it runs a few-token smoke pass on the default model when it is
+//! already imported.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mlx_core::{Dtype, cpu_quant, eval, set_gemv_routing};
+use models::generate::{ids, prefill};
+use models::tokenizer::{ChatMessage, Tokenizer};
+use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
+
+const WINDOWS: [usize; 6] = [1, 2, 4, 8, 11, 16];
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Setup {
+    tokens: usize,
+    reps: usize,
+    decode_prompt: String,
+    verify_prompt: String,
+}
+
+/// Busy jiffies of the whole machine (`/proc/stat`) and of this process (`/proc/self/stat`).
+fn jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> =
+        stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait
+    let busy = cpu.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let f: Vec<&str> = me.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let own = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (busy, own)
+}
+
+/// Cores other processes kept busy since `start` (jiffies at 100 Hz), as the anchors measure
+/// contention: (Δ machine busy − Δ own CPU) / wall.
+fn others_cores(start: (u64, u64), t0: Instant) -> f64 {
+    let (busy, own) = jiffies();
+    let wall = t0.elapsed().as_secs_f64().max(1e-9);
+    ((busy - start.0) as f64 - (own - start.1) as f64).max(0.0) / 100.0 / wall
+}
+
+/// CPU time of all this process's threads so far, ns (`/proc/self/task/*/schedstat`): the
+/// work a step costs, which unlike wall time hardly moves when other processes share the cores.
+fn process_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn set_variant(name: &str) {
+    let ours = name == "ours";
+    set_gemv_routing(ours);
+    cpu_quant::set_enabled(ours);
+}
+
+/// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.
+fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
+    set_variant(variant);
+    let (j0, t_start) = (jiffies(), Instant::now());
+    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32) }).expect("load model");
+    let tok = Tokenizer::from_dir(dir).expect("tokenizer");
+    let chat = |p: &str| {
+        let text = tok.apply_chat_template(&[ChatMessage::user(p.to_string())], true).expect("chat template");
+        tok.encode(&text, false).expect("encode")
+    };
+    let (decode_ids, verify_ids) = (chat(&s.decode_prompt), chat(&s.verify_prompt));
+    let params = GenerateParams { max_tokens: s.tokens, sampler: Sampler::default(), eos: vec![] };
+    let mut decode_tps = Vec::new();
+    let mut decode_cpu_ms = Vec::new();
+    for rep in 0..=s.reps {
+        let c0 = process_cpu_ns();
+        let stats = generate(&model, &decode_ids, &params, |_| true).expect("generate");
+        if rep > 0 {
+            decode_tps.push(stats.generation_tps);
+            decode_cpu_ms.push((process_cpu_ns() - c0) as f64 / 1e6 / stats.generation_tokens.max(1) as f64);
+        }
+    }
+    let (mut cache, _) = prefill(&model, &verify_ids).expect("prefill");
+    let window: Vec<u32> = verify_ids.iter().rev().take(16).copied().collect();
+    let mut verify: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut verify_cpu: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for rep in 0..=s.reps {
+        for &t in &WINDOWS {
+            let x = ids(&window[..t]).unwrap();
+            let (t0, c0) = (Instant::now(), process_cpu_ns());
+            let logits = model.forward(&x, &mut cache).expect("forward");
+            eval(&[&logits]).expect("eval");
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            let cpu_ms = (process_cpu_ns() - c0) as f64 / 1e6;
+            assert_eq!(cache.trim(t), t, "exact rollback");
+            if rep > 0 {
+                verify.entry(t).or_default().push(ms);
+                verify_cpu.entry(t).or_default().push(cpu_ms);
+            }
+        }
+    }
+    let t1 = median(&verify[&1]);
+    let curve: Vec<String> = WINDOWS.iter().map(|t| format!("{:.2}", median(&verify[t]) / t1)).collect();
+    eprintln!(
+        "{} / {variant}: decode {:.2} tok/s ({:.1} CPU ms/token), t(1) {t1:.1} ms, t(T)/t(1) for T={WINDOWS:?}: {} (other processes: {:.2} cores)",
+        dir.display(),
+        median(&decode_tps),
+        median(&decode_cpu_ms),
+        curve.join(" "),
+        others_cores(j0, t_start)
+    );
+    serde_json::json!({
+        "engine": "mlx-spec",
+        "variant": variant,
+        "model": dir.display().to_string(),
+        "prompt_tokens": {"decode": decode_ids.len(), "verify": verify_ids.len()},
+        "decode_tps": decode_tps,
+        "decode_cpu_ms_per_token": decode_cpu_ms,
+        "verify_cpu_ms": verify_cpu.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        "verify_ms": verify.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        "others_cores": others_cores(j0, t_start),
+        "qmm_isa": cpu_quant::isa(),
+        "qmm_threads": cpu_quant::threads(),
+        "blas": mlx_core::blas_info(),
+    })
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bench_mode = std::env::args().any(|a| a == "--bench");
+    let models: Vec<PathBuf> = match std::env::var("MLX_SPEC_BENCH_MODELS") {
+        Ok(v) if !v.is_empty() => v.split(':').map(PathBuf::from).collect(),
+        _ => vec![models::default_model::default_model_path()],
+    };
+    let prompts = std::env::var("MLX_SPEC_BENCH_PROMPTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("fixtures/bench/prompts.json"));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&prompts).expect("prompts file")).expect("prompts JSON");
+    let mut setup = Setup {
+        tokens: env_or("MLX_SPEC_BENCH_TOKENS", 64),
+        reps: env_or("MLX_SPEC_BENCH_REPS", 5),
+        decode_prompt: p["decode"].as_str().expect("decode prompt").to_string(),
+        verify_prompt: p["verify"].as_str().expect("verify prompt").to_string(),
+    };
+    if !bench_mode {
+        // `cargo test --all-targets`: a smoke pass only, on a model that is already there.
+        let dir = &models[0];
+        if !dir.join("config.json").is_file() {
+            eprintln!("decode bench: {} not imported; skipped (run `cargo xtask fixtures`)", dir.display());
+            return;
+        }
+        setup.tokens = 3;
+        setup.reps = 1;
+        run(dir, "ours", &setup);
+        return;
+    }
+    let out = std::env::var("MLX_SPEC_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/bench-decode/ours.jsonl"));
+    std::fs::create_dir_all(out.parent().expect("output has a parent")).expect("output directory");
+    let mut lines = Vec::new();
+    for dir in &models {
+        for variant in ["ours", "mlx-kernels"] {
+            lines.push(run(dir, variant, &setup).to_string());
+        }
+    }
+    set_variant("ours");
+    let tmp = out.with_extension("jsonl.partial");
+    std::fs::write(&tmp, lines.join("\n") + "\n").expect("write results");
+    std::fs::rename(&tmp, &out).expect("publish results");
+    eprintln!("wrote {}", out.display());
+}
