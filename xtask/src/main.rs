@@ -94,6 +94,10 @@ struct BenchSpecArgs {
     /// Draft model directory (default: Qwen2.5-Coder-0.5B-Instruct).
     #[arg(long)]
     draft: Option<PathBuf>,
+    /// A second draft model for a second two-model arm (e.g. `mlx-spec quantize --q-bits 4`
+    /// of the drafter); mlx-lm runs with `--draft` only.
+    #[arg(long)]
+    draft_b: Option<PathBuf>,
     /// Prompts of each kind (input-grounded, free-form) from fixtures/prompts/spec-equality.jsonl.
     #[arg(long, default_value_t = 4)]
     num_prompts: usize,
@@ -613,6 +617,9 @@ fn bench_spec(a: BenchSpecArgs) -> Result<()> {
         .arg(&prompts)
         .args(["--num-prompts", &a.num_prompts.to_string(), "--max-tokens", &a.max_tokens.to_string()])
         .args(["--num-draft-tokens", &a.num_draft_tokens.to_string(), "--dtype", &a.dtype]);
+    if let Some(b) = &a.draft_b {
+        c.arg("--draft-b").arg(absolute(b)?);
+    }
     run(c)?;
     let Some(python) = &a.python else {
         println!("(mlx-lm arms skipped: pass --python PY with mlx-lm installed)");

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
 use spec::{Acceptance, DraftProvider, SpecOptions, SpecStats, speculative_generate};
 
@@ -70,6 +70,12 @@ pub(crate) struct GenerateArgs {
     /// N-gram lookup: the shortest trailing n-gram tried [default: 1].
     #[arg(long)]
     ngram_min: Option<usize>,
+    /// N-gram lookup: how many of the tokens a match offers each round drafts, up to
+    /// --num-draft-tokens: `heuristic` (a budget per match length that grows by 2 while all
+    /// drafts are accepted and halves, down to plain steps, while they are rejected) or
+    /// `constant` (all of them) [default: heuristic].
+    #[arg(long, value_enum)]
+    ngram_schedule: Option<NgramSchedule>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
     /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
     /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
@@ -95,23 +101,46 @@ enum DraftKind {
     Ngram,
 }
 
+/// `--ngram-schedule`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+enum NgramSchedule {
+    /// Adapt the drafts per round to recent acceptance.
+    Heuristic,
+    /// Draft every offered token up to --num-draft-tokens.
+    Constant,
+}
+
+impl From<NgramSchedule> for DraftSchedule {
+    fn from(s: NgramSchedule) -> Self {
+        match s {
+            NgramSchedule::Heuristic => DraftSchedule::Heuristic,
+            NgramSchedule::Constant => DraftSchedule::Constant,
+        }
+    }
+}
+
 /// What `--draft-*` asked for, checked before anything is fetched or loaded.
 enum Drafting {
     Plain,
-    Ngram { max: usize, min: usize, n: usize },
+    Ngram { max: usize, min: usize, n: usize, schedule: NgramSchedule },
     Model { dir: PathBuf, n: Option<usize> },
 }
 
 impl Drafting {
-    /// The drafter as reported in `--stats-json`: `{"kind": "ngram", "ngram_max", "ngram_min"}`
-    /// or `{"kind": "model", "path"}`.
+    /// The drafter as reported in `--stats-json`: `{"kind": "ngram", "ngram_max", "ngram_min",
+    /// "schedule"}`, or `{"kind": "model" | "dspark", "path"}` (`dspark` for a DeepSpec
+    /// drafter checkpoint).
     fn describe(&self) -> serde_json::Value {
         match self {
             Drafting::Plain => serde_json::Value::Null,
-            Drafting::Ngram { max, min, .. } => {
-                serde_json::json!({"kind": "ngram", "ngram_max": max, "ngram_min": min})
+            Drafting::Ngram { max, min, schedule, .. } => serde_json::json!({
+                "kind": "ngram", "ngram_max": max, "ngram_min": min,
+                "schedule": format!("{schedule:?}").to_lowercase(),
+            }),
+            Drafting::Model { dir, .. } => {
+                let kind = if drafter::DrafterConfig::from_dir(dir).is_ok() { "dspark" } else { "model" };
+                serde_json::json!({"kind": kind, "path": dir.display().to_string()})
             }
-            Drafting::Model { dir, .. } => serde_json::json!({"kind": "model", "path": dir.display().to_string()}),
         }
     }
 }
@@ -119,7 +148,13 @@ impl Drafting {
 /// One line for the human summary.
 fn describe_human(drafter: &serde_json::Value) -> String {
     match drafter["kind"].as_str() {
-        Some("ngram") => format!("n-gram {}..{}", drafter["ngram_max"], drafter["ngram_min"]),
+        Some("ngram") => format!(
+            "n-gram {}..{} ({} schedule)",
+            drafter["ngram_max"],
+            drafter["ngram_min"],
+            drafter["schedule"].as_str().unwrap_or("?")
+        ),
+        Some("dspark") => format!("DSpark drafter {}", drafter["path"].as_str().unwrap_or("?")),
         _ => format!("draft model {}", drafter["path"].as_str().unwrap_or("?")),
     }
 }
@@ -150,8 +185,9 @@ fn drafting(a: &GenerateArgs) -> Result<Drafting> {
         (None, Some(_)) => Some(DraftKind::Model),
         (None, None) => None,
     };
-    if kind != Some(DraftKind::Ngram) && (a.ngram_max.is_some() || a.ngram_min.is_some()) {
-        bail!("--ngram-max/--ngram-min apply to --draft-kind ngram only");
+    if kind != Some(DraftKind::Ngram) && (a.ngram_max.is_some() || a.ngram_min.is_some() || a.ngram_schedule.is_some())
+    {
+        bail!("--ngram-max/--ngram-min/--ngram-schedule apply to --draft-kind ngram only");
     }
     if kind.is_none() && a.num_draft_tokens.is_some() {
         bail!("--num-draft-tokens needs a drafter: --draft-model DIR or --draft-kind ngram");
@@ -170,7 +206,12 @@ fn drafting(a: &GenerateArgs) -> Result<Drafting> {
             if min == 0 || min > max {
                 bail!("--ngram-min {min} --ngram-max {max}: expected 1 <= ngram-min <= ngram-max");
             }
-            Drafting::Ngram { max, min, n: a.num_draft_tokens.unwrap_or(spec::ngram::DEFAULT_NUM_DRAFT_TOKENS) }
+            Drafting::Ngram {
+                max,
+                min,
+                n: a.num_draft_tokens.unwrap_or(spec::ngram::DEFAULT_NUM_DRAFT_TOKENS),
+                schedule: a.ngram_schedule.unwrap_or(NgramSchedule::Heuristic),
+            }
         }
         Some(DraftKind::Model) => {
             let dir = a.draft_model.clone().expect("kind Model has a directory");
@@ -248,8 +289,9 @@ fn load_drafter(
 ) -> Result<Option<(Box<dyn DraftProvider>, SpecOptions)>> {
     Ok(match drafting {
         Drafting::Plain => None,
-        Drafting::Ngram { max, min, n } => {
-            let provider = NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?;
+        Drafting::Ngram { max, min, n, schedule } => {
+            let provider =
+                NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?.with_schedule((*schedule).into());
             Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
         }
         Drafting::Model { dir, n } if drafter::DrafterConfig::from_dir(dir).is_ok() => {

@@ -45,9 +45,18 @@ fn drafting_flags_reach_the_executor() {
 
     let (text, ngram) = run(&model, &["--draft-kind", "ngram"]);
     assert_eq!(text, plain_text, "n-gram output differs from plain");
-    assert_eq!(ngram["drafter"], serde_json::json!({"kind": "ngram", "ngram_max": 3, "ngram_min": 1}));
+    assert_eq!(
+        ngram["drafter"],
+        serde_json::json!({"kind": "ngram", "ngram_max": 3, "ngram_min": 1, "schedule": "heuristic"})
+    );
     assert_eq!(ngram["num_draft_tokens"], 10);
     assert!(ngram["accepted"].as_u64().unwrap() > 0, "{ngram}");
+
+    // The constant schedule drafts everything a match offers: more drafts than the heuristic.
+    let (text, constant) = run(&model, &["--draft-kind", "ngram", "--ngram-schedule", "constant"]);
+    assert_eq!(text, plain_text);
+    assert_eq!(constant["drafter"]["schedule"], "constant");
+    assert!(constant["drafted"].as_u64() > ngram["drafted"].as_u64(), "constant {constant}\nheuristic {ngram}");
 
     let (text, four) = run(&model, &["--draft-kind", "ngram", "--num-draft-tokens", "4"]);
     assert_eq!(text, plain_text);
@@ -151,8 +160,9 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
 
 #[test]
 fn ignored_flag_combinations_are_errors() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--ngram-max", "2"], "--draft-kind ngram"),
+        (&["--ngram-schedule", "constant"], "--draft-kind ngram"),
         (&["--num-draft-tokens", "4"], "needs a drafter"),
         (&["--draft-kind", "model"], "needs --draft-model"),
         (&["--draft-kind", "ngram", "--draft-model", "/nonexistent"], "drop --draft-model"),

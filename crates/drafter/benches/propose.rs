@@ -17,6 +17,8 @@ use models::LoadOptions;
 
 fn propose(c: &mut Criterion) {
     let dims = DrafterDims {
+        architecture: drafter::Architecture::Qwen3,
+        k_eq_v: false,
         hidden: 512,
         intermediate: 1536,
         heads: 8,

@@ -1,10 +1,11 @@
 //! The speculative decoding benchmark behind `cargo xtask bench spec` (run it through xtask,
 //! which builds it in release mode and runs mlx-lm on the same prompts beside it).
 //!
-//! Loads one target (and a draft model, when given) once, then for each prompt of a prompt
-//! set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy plain
-//! decoding, n-gram speculative decoding (γ 10) and two-model speculative decoding (γ 3),
-//! interleaved per prompt so machine noise hits every arm alike. Reports per prompt kind the
+//! Loads one target (and up to two draft models, when given) once, then for each prompt of a
+//! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
+//! plain decoding, n-gram speculative decoding (γ 10, constant and heuristic schedules) and
+//! two-model speculative decoding (γ 3; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
+//! second two-model arm), interleaved per prompt so machine noise hits every arm alike. Reports per prompt kind the
 //! decode tokens/s of each arm (emitted tokens over decode time, prefill excluded), its
 //! ratio to plain, tau and acceptance rate, and whether every output equaled plain's; with
 //! `--json FILE` also the raw numbers.
@@ -16,7 +17,7 @@ use clap::Parser;
 use models::generate::generate;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{PromptKind, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, speculative_generate};
@@ -29,6 +30,9 @@ struct Args {
     /// Draft model directory (the two-model arm is skipped without it).
     #[arg(long)]
     draft: Option<PathBuf>,
+    /// A second draft model for a second two-model arm (`two-model-b`).
+    #[arg(long)]
+    draft_b: Option<PathBuf>,
     /// Prompt set (JSON lines, see `spec::prompts`).
     #[arg(long)]
     prompts: PathBuf,
@@ -75,39 +79,41 @@ fn main() -> Result<()> {
     let load = LoadOptions { dtype: Some(dtype) };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
-    let draft = match &a.draft {
-        Some(dir) => {
-            check_tokenizers(
-                &Tokenizer::from_dir(dir)?,
-                &tok,
-                &dir.display().to_string(),
-                &a.target.display().to_string(),
-            )?;
-            Some(TwoModelProvider::new(load_model(dir, &load)?, dir.display().to_string()))
-        }
-        None => None,
+    let draft_model = |dir: &PathBuf| -> Result<Box<dyn DraftProvider>> {
+        let name = dir.display().to_string();
+        check_tokenizers(&Tokenizer::from_dir(dir)?, &tok, &name, &a.target.display().to_string())?;
+        Ok(Box::new(TwoModelProvider::new(load_model(dir, &load)?, name)))
     };
-    let ngram = NgramProvider::default();
+    // (name, provider, drafts per round); "plain" is slot 0.
+    let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = vec![
+        ("ngram", Box::new(NgramProvider::default()), a.ngram_draft_tokens),
+        (
+            "ngram-heur",
+            Box::new(NgramProvider::default().with_schedule(DraftSchedule::Heuristic)),
+            a.ngram_draft_tokens,
+        ),
+    ];
+    for (name, dir) in [("two-model", &a.draft), ("two-model-b", &a.draft_b)] {
+        if let Some(dir) = dir {
+            providers.push((name, draft_model(dir)?, a.num_draft_tokens));
+        }
+    }
     let all = load_prompts(&a.prompts)?;
     let params = GenerateParams { max_tokens: a.max_tokens, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
 
-    let arms = ["plain", "ngram", "two-model"];
+    let arms: Vec<&str> = std::iter::once("plain").chain(providers.iter().map(|p| p.0)).collect();
     let mut rows = Vec::new();
-    let mut totals: Vec<(PromptKind, [Arm; 3])> = Vec::new();
+    let mut totals: Vec<(PromptKind, Vec<Arm>)> = Vec::new();
     for kind in [PromptKind::Grounded, PromptKind::Free] {
-        let mut sums: [Arm; 3] = Default::default();
+        let mut sums: Vec<Arm> = vec![Arm::default(); arms.len()];
         for p in all.iter().filter(|p| p.kind == kind).take(a.num_prompts) {
             let ids = p.ids(&tok)?;
             let (want, secs) = plain(&target, &ids, &params)?;
             sums[0].tokens += want.len();
             sums[0].decode_s += secs;
             let mut row = serde_json::json!({"source": p.source, "prompt_tokens": ids.len(), "plain_tps": want.len() as f64 / secs});
-            let providers: [(usize, Option<&dyn DraftProvider>, usize); 2] = [
-                (1, Some(&ngram), a.ngram_draft_tokens),
-                (2, draft.as_ref().map(|d| d as &dyn DraftProvider), a.num_draft_tokens),
-            ];
-            for (slot, provider, n) in providers {
-                let Some(provider) = provider else { continue };
+            for (slot, (_, provider, n)) in providers.iter().enumerate().map(|(i, p)| (i + 1, p)) {
+                let n = *n;
                 let mut source = provider.open(&target, &params.sampler)?;
                 let mut got = Vec::new();
                 let stats = speculative_generate(&target, source.as_mut(), &ids, &params, n, |t| {
@@ -130,14 +136,10 @@ fn main() -> Result<()> {
         totals.push((kind, sums));
     }
 
+    let shown = |d: &Option<PathBuf>| d.as_ref().map_or("-".into(), |d| d.display().to_string());
+    println!("\ntarget {} ({}), draft {}, draft-b {}", a.target.display(), a.dtype, shown(&a.draft), shown(&a.draft_b));
     println!(
-        "\ntarget {} ({}), draft {}",
-        a.target.display(),
-        a.dtype,
-        a.draft.as_ref().map_or("-".into(), |d| d.display().to_string())
-    );
-    println!(
-        "{:<10} {:<10} {:>8} {:>7} {:>6} {:>7} {:>9}",
+        "{:<10} {:<12} {:>8} {:>7} {:>6} {:>7} {:>9}",
         "prompts", "arm", "tok/s", "x plain", "tau", "accept", "mismatch"
     );
     for (kind, sums) in &totals {
@@ -148,7 +150,7 @@ fn main() -> Result<()> {
             let tau = if arm.rounds > 0 { (arm.accepted + arm.rounds) as f64 / arm.rounds as f64 } else { 1.0 };
             let rate = if arm.drafted > 0 { arm.accepted as f64 / arm.drafted as f64 } else { 0.0 };
             println!(
-                "{:<10} {:<10} {:>8.2} {:>7.2} {:>6.2} {:>7.2} {:>9}",
+                "{:<10} {:<12} {:>8.2} {:>7.2} {:>6.2} {:>7.2} {:>9}",
                 format!("{kind:?}").to_lowercase(),
                 arms[i],
                 arm.tps(),

@@ -3,6 +3,13 @@
 //! When the trailing k-gram of `prompt ++ emitted` occurred earlier, the tokens that
 //! followed its earliest occurrence are proposed. No weights, no cache; lossless like every
 //! source, because the target decides every token.
+//!
+//! How many of those tokens a round proposes is a [`DraftSchedule`]: all of them up to
+//! `num_draft_tokens` (`Constant`, the classic rule), or a budget per match length that
+//! grows while drafts are accepted and shrinks, down to plain decode steps, while they are
+//! rejected (`Heuristic`, after Hugging Face's `num_assistant_tokens_schedule="heuristic"`),
+//! so free-form text, where short matches rarely continue, does not pay for long verify
+//! windows that are thrown away.
 use std::collections::HashMap;
 
 use models::{Sampler, Transformer};
@@ -15,6 +22,24 @@ pub const DEFAULT_NGRAM_MAX: usize = 3;
 pub const DEFAULT_NGRAM_MIN: usize = 1;
 /// Default drafts per round for n-gram drafting (Saxena's `num_pred_tokens`).
 pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 10;
+/// Under [`DraftSchedule::Heuristic`], a match length whose budget fell to 0 proposes one
+/// token again after this many skipped matches (a probe: the text may have turned into
+/// something the prompt predicts).
+pub const PROBE_AFTER_SKIPS: usize = 8;
+
+/// How many of the tokens a match offers a round proposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraftSchedule {
+    /// Every offered token, up to `num_draft_tokens` (Saxena; vLLM's `ngram` proposer).
+    #[default]
+    Constant,
+    /// A budget per match length `k`, starting at `num_draft_tokens`: `+2` (capped) after a
+    /// round that accepted every draft, `max(accepted, budget / 2)` after a rejection
+    /// (Hugging Face transformers' heuristic schedule adds 2 / subtracts 1; halving reaches
+    /// plain steps within a few rounds of free-form text). A budget of 0 proposes nothing
+    /// (a plain decode step) except for one token every [`PROBE_AFTER_SKIPS`] + 1 matches.
+    Heuristic,
+}
 
 /// The reference proposal rule, by a direct scan (O(len · k) per call): for `k` from
 /// `min(max, len - 1)` down to `min`, find the earliest `i` with
@@ -87,25 +112,32 @@ impl NgramIndex {
     /// Up to `n` tokens that followed the earliest earlier occurrence of the longest
     /// trailing k-gram (`k` from `max` down to `min`); the same as [`propose_naive`].
     pub fn propose(&self, n: usize) -> Vec<u32> {
+        self.propose_match(n).map(|(_, t)| t).unwrap_or_default()
+    }
+
+    /// [`NgramIndex::propose`] with the length `k` of the matched k-gram; `None` when no
+    /// k-gram matches.
+    pub fn propose_match(&self, n: usize) -> Option<(usize, Vec<u32>)> {
         let len = self.tokens.len();
         for k in (self.min..=self.max.min(len.saturating_sub(1))).rev() {
             let tail = &self.tokens[len - k..];
             // The trailing k-gram is indexed, so its first occurrence is at most len - k;
             // anything earlier is a real earlier occurrence with a continuation.
             match self.first[k - self.min].get(tail) {
-                Some(&i) if i + k < len => return self.tokens[i + k..(i + k + n).min(len)].to_vec(),
+                Some(&i) if i + k < len => return Some((k, self.tokens[i + k..(i + k + n).min(len)].to_vec())),
                 _ => {}
             }
         }
-        Vec::new()
+        None
     }
 }
 
-/// Opens [`NgramSource`]s; holds only the k-gram bounds.
+/// Opens [`NgramSource`]s; holds only the k-gram bounds and the schedule.
 #[derive(Debug, Clone)]
 pub struct NgramProvider {
     max: usize,
     min: usize,
+    schedule: DraftSchedule,
 }
 
 impl NgramProvider {
@@ -115,13 +147,19 @@ impl NgramProvider {
     /// [`Error::Invalid`] unless `1 <= ngram_min <= ngram_max`.
     pub fn new(ngram_max: usize, ngram_min: usize) -> Result<Self> {
         NgramIndex::new(ngram_max, ngram_min)?;
-        Ok(NgramProvider { max: ngram_max, min: ngram_min })
+        Ok(NgramProvider { max: ngram_max, min: ngram_min, schedule: DraftSchedule::Constant })
+    }
+
+    /// The same provider with another [`DraftSchedule`] (the default is `Constant`).
+    pub fn with_schedule(mut self, schedule: DraftSchedule) -> Self {
+        self.schedule = schedule;
+        self
     }
 }
 
 impl Default for NgramProvider {
     fn default() -> Self {
-        NgramProvider { max: DEFAULT_NGRAM_MAX, min: DEFAULT_NGRAM_MIN }
+        NgramProvider { max: DEFAULT_NGRAM_MAX, min: DEFAULT_NGRAM_MIN, schedule: DraftSchedule::Constant }
     }
 }
 
@@ -131,7 +169,7 @@ impl DraftProvider for NgramProvider {
     }
 
     fn open<'a>(&'a self, _target: &'a Transformer, _sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
-        Ok(Box::new(NgramSource::new(self.max, self.min)?))
+        Ok(Box::new(NgramSource::new(self.max, self.min)?.with_schedule(self.schedule)))
     }
 }
 
@@ -143,6 +181,12 @@ pub struct NgramSource {
     index: NgramIndex,
     prompt_len: usize,
     last_drafts: Vec<u32>,
+    schedule: DraftSchedule,
+    /// Heuristic schedule, per match length `k - min`: the draft budget (`None` until the
+    /// first draft call sets it to `n`) and the matches skipped since it fell to 0.
+    budget: Vec<(Option<usize>, usize)>,
+    /// Match length of the last proposal, and the `n` it was drafted under.
+    last_match: Option<(usize, usize)>,
 }
 
 impl NgramSource {
@@ -151,7 +195,37 @@ impl NgramSource {
     /// # Errors
     /// [`Error::Invalid`] unless `1 <= ngram_min <= ngram_max`.
     pub fn new(ngram_max: usize, ngram_min: usize) -> Result<Self> {
-        Ok(NgramSource { index: NgramIndex::new(ngram_max, ngram_min)?, prompt_len: 0, last_drafts: Vec::new() })
+        Ok(NgramSource {
+            index: NgramIndex::new(ngram_max, ngram_min)?,
+            prompt_len: 0,
+            last_drafts: Vec::new(),
+            schedule: DraftSchedule::Constant,
+            budget: vec![(None, 0); ngram_max - ngram_min + 1],
+            last_match: None,
+        })
+    }
+
+    /// The same source with another [`DraftSchedule`] (the default is `Constant`).
+    pub fn with_schedule(mut self, schedule: DraftSchedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// Cuts a proposal from a `k`-gram match to the heuristic budget of `k` (see
+    /// [`DraftSchedule::Heuristic`]).
+    fn apply_budget(&mut self, k: usize, n: usize, mut drafts: Vec<u32>) -> Vec<u32> {
+        let (budget, skipped) = &mut self.budget[k - self.index.min];
+        let b = budget.get_or_insert(n);
+        if *b == 0 {
+            *skipped += 1;
+            if *skipped <= PROBE_AFTER_SKIPS {
+                return Vec::new();
+            }
+            *skipped = 0;
+            *b = 1;
+        }
+        drafts.truncate((*b).min(n));
+        drafts
     }
 
     /// The reconstructed `prompt ++ emitted` stream (ends at the pending token after `draft`).
@@ -177,6 +251,8 @@ impl DraftSource for NgramSource {
         self.index.extend(head);
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
+        self.budget.iter_mut().for_each(|b| *b = (None, 0));
+        self.last_match = None;
         Ok(())
     }
 
@@ -192,7 +268,16 @@ impl DraftSource for NgramSource {
                 self.prompt_len
             )));
         }
-        self.last_drafts = self.index.propose(n);
+        self.last_match = None;
+        self.last_drafts = match (self.index.propose_match(n), self.schedule) {
+            (None, _) => Vec::new(),
+            (Some((_, drafts)), DraftSchedule::Constant) => drafts,
+            (Some((k, drafts)), DraftSchedule::Heuristic) => {
+                let drafts = self.apply_budget(k, n, drafts);
+                self.last_match = (!drafts.is_empty()).then_some((k, n));
+                drafts
+            }
+        };
         Ok(self.last_drafts.clone())
     }
 
@@ -204,6 +289,11 @@ impl DraftSource for NgramSource {
         let keep = accepted.min(drafted.saturating_sub(1));
         let drafts = std::mem::take(&mut self.last_drafts);
         self.index.extend(&drafts[..keep]);
+        if let Some((k, n)) = self.last_match.take() {
+            let (budget, _) = &mut self.budget[k - self.index.min];
+            let b = budget.unwrap_or(n);
+            *budget = Some(if accepted == drafted { (b + 2).min(n) } else { accepted.max(b / 2) });
+        }
         Ok(())
     }
 }
@@ -263,8 +353,10 @@ mod tests {
         fn history_is_prompt_plus_emitted(
             prompt in proptest::collection::vec(0u32..4, 1..30),
             rounds in proptest::collection::vec((0usize..8, 0usize..9, 0u32..4), 1..30),
+            heuristic in any::<bool>(),
         ) {
-            let mut src = NgramSource::new(3, 1).unwrap();
+            let schedule = if heuristic { DraftSchedule::Heuristic } else { DraftSchedule::Constant };
+            let mut src = NgramSource::new(3, 1).unwrap().with_schedule(schedule);
             src.prefill(&prompt, None).unwrap();
             let mut stream = prompt.clone();
             let mut feed = vec![*prompt.last().unwrap()];
@@ -283,6 +375,59 @@ mod tests {
                 feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
             }
         }
+    }
+
+    /// The heuristic budget of one match length: halves to 0 while every draft is rejected,
+    /// then skips [`PROBE_AFTER_SKIPS`] matches and probes with one token; grows by 2 up to
+    /// `n` while all are accepted; a partial acceptance keeps at least what was accepted.
+    /// One executor round on a history of one repeated token (every round matches and is
+    /// offered `n` = 10 tokens): drafts, accepts all or none, commits, and sets the next feed
+    /// and step as the executor does. Returns the number of drafts.
+    fn drive(src: &mut NgramSource, step: &mut usize, feed: &mut Vec<u32>, accept_all: bool) -> usize {
+        let d = src.draft(feed, 10, *step).unwrap().len();
+        let a = if accept_all { d } else { 0 };
+        src.commit(d, a, None).unwrap();
+        (*feed, *step) = if d > 0 && a == d { (vec![5, 5], *step + d + 1) } else { (vec![5], *step + a + 1) };
+        d
+    }
+
+    /// The heuristic budget of one match length: halves to 0 while every draft is rejected,
+    /// then skips [`PROBE_AFTER_SKIPS`] matches and probes with one token; grows by 2 up to
+    /// `n` while all are accepted; a partial acceptance keeps at least what was accepted.
+    #[test]
+    fn heuristic_schedule() {
+        let fresh = || {
+            let mut src = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Heuristic);
+            src.prefill(&[5; 40], None).unwrap();
+            (src, 0, vec![5])
+        };
+        let (mut src, mut step, mut feed) = fresh();
+        let lens: Vec<usize> = (0..14).map(|_| drive(&mut src, &mut step, &mut feed, false)).collect();
+        // 10, 5, 2, 1, then 0 for 8 skipped matches, then a 1-token probe, rejected: 0 again.
+        assert_eq!(lens, vec![10, 5, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+        // Recovery: an accepted probe grows the budget by 2 per all-accept round (drafting
+        // rounds only).
+        let (mut src, mut step, mut feed) = fresh();
+        let mut lens = Vec::new();
+        for accept_all in [false, false, false, false, true, true, true, true, true, true] {
+            lens.push(loop {
+                match drive(&mut src, &mut step, &mut feed, accept_all) {
+                    0 => continue,
+                    d => break d,
+                }
+            });
+        }
+        assert_eq!(lens, vec![10, 5, 2, 1, 1, 3, 5, 7, 9, 10]);
+        // A partial acceptance keeps max(accepted, budget / 2).
+        let (mut src, _, _) = fresh();
+        assert_eq!(src.draft(&[5], 10, 0).unwrap().len(), 10);
+        src.commit(10, 8, None).unwrap();
+        assert_eq!(src.draft(&[5], 10, 9).unwrap().len(), 8);
+        // The constant schedule always proposes what the match offers.
+        let mut src = NgramSource::new(3, 1).unwrap();
+        src.prefill(&[5; 40], None).unwrap();
+        let (mut step, mut feed) = (0, vec![5]);
+        assert!((0..6).all(|_| drive(&mut src, &mut step, &mut feed, false) == 10));
     }
 
     #[test]

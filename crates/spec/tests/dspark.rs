@@ -1,17 +1,23 @@
-//! DSpark drafting through the shared executor on the deterministic tiny pair of
-//! `drafter::fixtures` (a 4-layer Qwen3 target and a matching `Qwen3DSparkModel` drafter,
-//! generated into a temporary directory): speculative output equals plain output token for
-//! token, greedy and seeded-sampled, for the bf16 drafter and its 4-bit and 8-bit
-//! quantizations, for several `num_draft_tokens`; the drafter's context after a request
-//! holds exactly the committed rows (checked against one fresh pass over the committed
-//! tokens); a confidence threshold only shortens blocks; mismatched targets are refused.
+//! DSpark drafting through the shared executor on the deterministic tiny pairs of
+//! `drafter::fixtures`, generated into a temporary directory: a 4-layer Qwen3 target with a
+//! `Qwen3DSparkModel` drafter, and a 6-layer Gemma 4 target (sliding window 8, KV-shared
+//! layers, `k_eq_v`, soft-capping) with a `Gemma4DSparkModel` drafter. Speculative output
+//! equals plain output token for token, greedy and seeded-sampled, for the bf16 drafters and
+//! their 4-bit and 8-bit quantizations, for several `num_draft_tokens` (on Gemma 4 past the
+//! sliding window, with no fallback to plain decoding); the drafter's context after a
+//! request holds exactly the committed rows (checked against one fresh pass over the
+//! committed tokens); a confidence threshold only shortens blocks; mismatched targets are
+//! refused.
 mod common;
 
 use std::path::Path;
 
 use common::{plain, spec_run};
 use drafter::Drafter;
-use drafter::fixtures::{BLOCK_SIZE, quantize_drafter_for_tests, write_tiny_dspark, write_tiny_target};
+use drafter::fixtures::{
+    BLOCK_SIZE, GEMMA4_SLIDING_WINDOW, quantize_drafter_for_tests, write_tiny_dspark, write_tiny_gemma4_target,
+    write_tiny_target,
+};
 use mlx_core::quant::QuantSpec;
 use mlx_core::{Array, Dtype, concatenate};
 use models::generate::ids;
@@ -20,7 +26,25 @@ use spec::dspark::{DSparkProvider, DSparkSource};
 use spec::{Acceptance, DraftProvider, DraftSource, Error, SpecOptions, speculative_generate};
 
 const SEED: u64 = 11;
-const LAYER_GAIN: f32 = 0.3;
+
+/// The target family of a tiny pair.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Family {
+    Qwen3,
+    Gemma4,
+}
+
+impl Family {
+    /// Writes the target into `dir` with the layer gain that makes its drafter draft well.
+    fn write_target(self, dir: &Path) {
+        match self {
+            Family::Qwen3 => write_tiny_target(dir, SEED, 0.3).unwrap(),
+            Family::Gemma4 => write_tiny_gemma4_target(dir, SEED, GEMMA4_GAIN).unwrap(),
+        }
+    }
+}
+
+const GEMMA4_GAIN: f32 = 8.0;
 
 struct Pair {
     _dir: tempfile::TempDir,
@@ -33,12 +57,12 @@ fn f32_load() -> LoadOptions {
     LoadOptions { dtype: Some(Dtype::Float32) }
 }
 
-fn pair(variants: &[(&str, Option<QuantSpec>)]) -> Pair {
+fn pair(family: Family, variants: &[(&str, Option<QuantSpec>)]) -> Pair {
     let dir = tempfile::tempdir().unwrap();
     let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
     std::fs::create_dir_all(&t).unwrap();
     std::fs::create_dir_all(&d).unwrap();
-    write_tiny_target(&t, SEED, LAYER_GAIN).unwrap();
+    family.write_target(&t);
     write_tiny_dspark(&d, &t, SEED).unwrap();
     let target = load_model(&t, &LoadOptions::default()).unwrap();
     let drafters = variants
@@ -77,8 +101,8 @@ fn variants() -> Vec<(&'static str, Option<QuantSpec>)> {
 const PROMPTS: [&[u32]; 4] =
     [&[1, 2, 3, 4, 5, 6, 7, 8], &[200], &[17, 99, 17, 99, 3], &[250, 4, 4, 4, 60, 61, 62, 63, 64, 65, 66]];
 
-fn equality(params_for: impl Fn(u64) -> GenerateParams, label: &str) {
-    let p = pair(&variants());
+fn equality(family: Family, params_for: impl Fn(u64) -> GenerateParams, label: &str) {
+    let p = pair(family, &variants());
     for (vi, (name, provider)) in p.drafters.iter().enumerate() {
         let (mut drafted, mut accepted, mut full, mut zero) = (0, 0, 0, 0);
         for (i, prompt) in PROMPTS.iter().enumerate() {
@@ -87,7 +111,8 @@ fn equality(params_for: impl Fn(u64) -> GenerateParams, label: &str) {
             for n in [2, BLOCK_SIZE, BLOCK_SIZE + 3] {
                 let mut source = provider.open(&p.target, &params.sampler).unwrap();
                 let (got, stats) = spec_run(&p.target, source.as_mut(), prompt, &params, n);
-                assert_eq!(got, want, "{label} {name} prompt {i} n={n}: speculative != plain; {stats:?}");
+                assert_eq!(got, want, "{family:?} {label} {name} prompt {i} n={n}: speculative != plain; {stats:?}");
+                assert_eq!(stats.fallback_at, None, "{family:?} {label} {name} prompt {i} n={n}: fell back: {stats:?}");
                 assert!(stats.drafted_by_pos.iter().skip(BLOCK_SIZE).all(|&c| c == 0), "at most block_size drafts");
                 drafted += stats.drafted;
                 accepted += stats.accepted;
@@ -99,7 +124,7 @@ fn equality(params_for: impl Fn(u64) -> GenerateParams, label: &str) {
         }
         let rate = accepted as f64 / drafted as f64;
         eprintln!(
-            "{label} {name}: acceptance {accepted}/{drafted} = {rate:.3}, all-7-accepted rounds {full}, none-accepted rounds {zero}"
+            "{family:?} {label} {name}: acceptance {accepted}/{drafted} = {rate:.3}, all-7-accepted rounds {full}, none-accepted rounds {zero}"
         );
         // The pair is built to draft well; every round shape must occur (only checked for the
         // bf16 drafter and greedy decoding, where the numbers do not depend on quantization noise).
@@ -110,21 +135,40 @@ fn equality(params_for: impl Fn(u64) -> GenerateParams, label: &str) {
     }
 }
 
+fn greedy(_: u64) -> GenerateParams {
+    GenerateParams { max_tokens: 40, sampler: Sampler::default(), eos: vec![] }
+}
+
+fn sampled(i: u64) -> GenerateParams {
+    GenerateParams {
+        max_tokens: 40,
+        sampler: Sampler { temp: 0.7, top_p: 0.95, seed: 1234 + i, ..Sampler::default() },
+        eos: vec![7, 100],
+    }
+}
+
 #[test]
 fn greedy_speculative_equals_plain_for_bf16_q8_q4_drafters() {
-    equality(|_| GenerateParams { max_tokens: 40, sampler: Sampler::default(), eos: vec![] }, "greedy");
+    equality(Family::Qwen3, greedy, "greedy");
 }
 
 #[test]
 fn seeded_sampled_speculative_equals_plain_for_bf16_q8_q4_drafters() {
-    equality(
-        |i| GenerateParams {
-            max_tokens: 40,
-            sampler: Sampler { temp: 0.7, top_p: 0.95, seed: 1234 + i, ..Sampler::default() },
-            eos: vec![7, 100],
-        },
-        "sampled",
-    );
+    equality(Family::Qwen3, sampled, "sampled");
+}
+
+/// The Gemma 4 drafter against a Gemma 4 target: 40 tokens after prompts of up to 11 wrap
+/// the target's 8-position sliding-window caches several times; the rotating caches roll
+/// every rejected window back exactly (no fallback to plain decoding).
+#[test]
+fn gemma4_greedy_speculative_equals_plain_past_the_window() {
+    assert!(40 > 4 * GEMMA4_SLIDING_WINDOW);
+    equality(Family::Gemma4, greedy, "greedy");
+}
+
+#[test]
+fn gemma4_seeded_sampled_speculative_equals_plain_past_the_window() {
+    equality(Family::Gemma4, sampled, "sampled");
 }
 
 /// After a request the drafter's context holds the taps of exactly the committed positions
@@ -132,7 +176,12 @@ fn seeded_sampled_speculative_equals_plain_for_bf16_q8_q4_drafters() {
 /// K/V a fresh context computes from one target pass over those tokens.
 #[test]
 fn context_holds_exactly_the_committed_rows() {
-    let p = pair(&[("bf16", None)]);
+    context_rows(Family::Qwen3);
+    context_rows(Family::Gemma4);
+}
+
+fn context_rows(family: Family) {
+    let p = pair(family, &[("bf16", None)]);
     let provider = &p.drafters[0].1;
     let d = provider.drafter();
     let prompt = PROMPTS[3];
@@ -155,7 +204,7 @@ fn context_holds_exactly_the_committed_rows() {
         let (fk, fv) = fresh.layer_kv(layer).unwrap().unwrap();
         for (a, b, what) in [(&k, &fk, "K"), (&v, &fv, "V")] {
             let diff = a.subtract(b).unwrap().abs().unwrap().max(&[], false).unwrap().item().unwrap();
-            assert!(diff < 1e-4, "layer {layer} {what}: max |diff| {diff} against a fresh pass");
+            assert!(diff < 1e-4, "{family:?} layer {layer} {what}: max |diff| {diff} against a fresh pass");
         }
     }
 }
@@ -167,7 +216,7 @@ fn confidence_threshold_truncates_blocks_losslessly() {
     let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
     std::fs::create_dir_all(&t).unwrap();
     std::fs::create_dir_all(&d).unwrap();
-    write_tiny_target(&t, SEED, LAYER_GAIN).unwrap();
+    Family::Qwen3.write_target(&t);
     write_tiny_dspark(&d, &t, SEED).unwrap();
     let target = load_model(&t, &LoadOptions::default()).unwrap();
     let params = GenerateParams { max_tokens: 40, sampler: Sampler::default(), eos: vec![] };
@@ -192,7 +241,7 @@ fn confidence_threshold_truncates_blocks_losslessly() {
 /// A drafter trained for another target is refused with both sides named.
 #[test]
 fn mismatched_target_is_refused() {
-    let p = pair(&[("bf16", None)]);
+    let p = pair(Family::Qwen3, &[("bf16", None)]);
     let provider = &p.drafters[0].1;
     let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/qwen3");
     let other = load_model(&other, &LoadOptions::default()).unwrap();
@@ -208,7 +257,7 @@ fn mismatched_target_is_refused() {
 /// Feeding taps that do not fit (wrong row count) is a contract error, not a panic.
 #[test]
 fn malformed_taps_are_refused() {
-    let p = pair(&[("bf16", None)]);
+    let p = pair(Family::Qwen3, &[("bf16", None)]);
     let provider = &p.drafters[0].1;
     let mut source = DSparkSource::new(provider, &p.target).unwrap();
     let taps: Vec<Array> = (0..3).map(|_| Array::zeros(&[1, 2, 64], Dtype::Float32).unwrap()).collect();
@@ -240,7 +289,7 @@ fn embedding_tap_is_refused() {
 /// counts agree up to sampling noise.
 #[test]
 fn rejection_rule_runs_with_one_hot_drafts() {
-    let p = pair(&[("bf16", None)]);
+    let p = pair(Family::Qwen3, &[("bf16", None)]);
     let provider = &p.drafters[0].1;
     let (mut exact, mut rejection) = (0, 0);
     for (i, prompt) in PROMPTS.iter().enumerate() {

@@ -14,7 +14,7 @@ use mlx_core::Array;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use spec::ngram::NgramSource;
+use spec::ngram::{DraftSchedule, NgramSource};
 use spec::two_model::{DraftSampling, TwoModelProvider, TwoModelSource};
 use spec::{DraftProvider, DraftSource, Error, SpecStats, speculative_generate, speculative_generate_with_cache};
 
@@ -103,6 +103,9 @@ fn greedy_speculative_equals_greedy_plain() {
             for n in 1..=12 {
                 let mut ngram = NgramSource::new(3, 1).unwrap();
                 check_run(&format!("ngram n={n}"), &want, spec_run(&target, &mut ngram, &prompt, &params, n), &params)?;
+                let mut heuristic = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Heuristic);
+                let label = format!("ngram heuristic n={n}");
+                check_run(&label, &want, spec_run(&target, &mut heuristic, &prompt, &params, n), &params)?;
                 let mut two = TwoModelSource::new(&drafters[drafter], Sampler::default(), DRAFTERS[drafter]);
                 let label = format!("two-model {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, &mut two, &prompt, &params, n), &params)?;

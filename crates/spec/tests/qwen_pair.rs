@@ -12,7 +12,7 @@
 //!   (γ = 10) and two-model (γ = 3) greedy output equals plain greedy output.
 //!
 //! `MLX_SPEC_PAIR_PROMPTS=K` limits the second test to the first K grounded and K free-form
-//! prompts. Run with `--nocapture` to see tau and speeds.
+//! prompts; `MLX_SPEC_PAIR_SKIP=J` starts each kind at its (J+1)-th prompt (to split a run). Run with `--nocapture` to see tau and speeds.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -100,11 +100,11 @@ fn qwen_pair_matches_mlx_lm() {
 #[ignore = "--full: 32 prompts on the 1.5B target in f32, about an hour on 2 cores"]
 fn qwen_pair_speculative_equals_plain() {
     let limit = std::env::var("MLX_SPEC_PAIR_PROMPTS").ok().map(|v| v.parse::<usize>().expect("a number"));
-    let mut prompts = load_prompts(&fixtures_dir().join("prompts/spec-equality.jsonl")).unwrap();
-    if let Some(k) = limit {
-        let (g, f): (Vec<_>, Vec<_>) = prompts.into_iter().partition(|p| p.kind == PromptKind::Grounded);
-        prompts = g.into_iter().take(k).chain(f.into_iter().take(k)).collect();
-    }
+    let skip = std::env::var("MLX_SPEC_PAIR_SKIP").map_or(0, |v| v.parse::<usize>().expect("a number"));
+    let prompts = load_prompts(&fixtures_dir().join("prompts/spec-equality.jsonl")).unwrap();
+    let (g, f): (Vec<_>, Vec<_>) = prompts.into_iter().partition(|p| p.kind == PromptKind::Grounded);
+    let k = limit.unwrap_or(usize::MAX);
+    let prompts: Vec<_> = g.into_iter().skip(skip).take(k).chain(f.into_iter().skip(skip).take(k)).collect();
     let (target, draft, tok) = pair();
     let params = GenerateParams { max_tokens: MAX_TOKENS, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
     let ngram = NgramProvider::default();
