@@ -168,7 +168,7 @@ pub fn write_tiny_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
 /// # Errors
 /// [`crate::Error::Mlx`] / [`crate::Error::Model`] when a file cannot be written.
 pub fn write_tiny_gemma4_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
-    let mut d = Draw { seed: seed ^ 0x6e44_a4, next: 0 };
+    let mut d = Draw { seed: seed ^ 0x006e_44a4, next: 0 };
     let n = GEMMA4_LAYER_TYPES.len();
     let cached = n - GEMMA4_KV_SHARED;
     let mut t: Vec<(String, Array)> = vec![("model.embed_tokens.weight".into(), d.normal(&[VOCAB, HIDDEN], 1.0)?)];
