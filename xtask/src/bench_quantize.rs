@@ -102,53 +102,27 @@ pub fn run(a: Args, root: &Path, cargo: impl Fn() -> Command) -> Result<()> {
     );
     let mut ours = (Vec::new(), Vec::new());
     let mut base = (Vec::new(), Vec::new());
-    for i in 0..a.runs {
-        let out = work.join(format!("ours-{i}"));
-        let argv: Vec<String> = vec![
-            bin.to_string_lossy().into(),
-            "quantize".into(),
-            "--hf-path".into(),
-            src.clone(),
-            "--mlx-path".into(),
-            out.to_string_lossy().into(),
-            "--q-bits".into(),
-            bits.clone(),
-            "--q-group-size".into(),
-            gs.clone(),
-        ];
+    // One timed run of `argv ++ [--mlx-path out, --q-bits, --q-group-size]`; the output is
+    // measured and removed.
+    let timed = |label: &str, name: String, argv: Vec<String>| -> Result<(f64, f64)> {
+        let out = work.join(name);
+        let mut argv = argv;
+        argv.extend(["--mlx-path".into(), out.to_string_lossy().into()]);
+        argv.extend(["--q-bits".into(), bits.clone(), "--q-group-size".into(), gs.clone()]);
         let (t, rss) = measure(&a.python, &argv)?;
         let size = dir_bytes(&out);
         std::fs::remove_dir_all(&out).ok();
-        println!(
-            "  run {i}: mlx-spec quantize   {t:7.1} s  peak RSS {rss:7.0} MiB  output {:.2} GB",
-            size as f64 / 1e9
-        );
+        println!("  {label}   {t:7.1} s  peak RSS {rss:7.0} MiB  output {:.2} GB", size as f64 / 1e9);
+        Ok((t, rss))
+    };
+    for i in 0..a.runs {
+        let argv = vec![bin.to_string_lossy().into(), "quantize".into(), "--hf-path".into(), src.clone()];
+        let (t, rss) = timed(&format!("run {i}: mlx-spec quantize"), format!("ours-{i}"), argv)?;
         ours.0.push(t);
         ours.1.push(rss);
-
-        let out = work.join(format!("mlx-lm-{i}"));
-        let argv: Vec<String> = vec![
-            a.python.clone(),
-            "-m".into(),
-            "mlx_lm".into(),
-            "convert".into(),
-            "--hf-path".into(),
-            src.clone(),
-            "--mlx-path".into(),
-            out.to_string_lossy().into(),
-            "-q".into(),
-            "--q-bits".into(),
-            bits.clone(),
-            "--q-group-size".into(),
-            gs.clone(),
-        ];
-        let (t, rss) = measure(&a.python, &argv)?;
-        let size = dir_bytes(&out);
-        std::fs::remove_dir_all(&out).ok();
-        println!(
-            "  run {i}: mlx_lm.convert -q   {t:7.1} s  peak RSS {rss:7.0} MiB  output {:.2} GB",
-            size as f64 / 1e9
-        );
+        let argv = ["-m", "mlx_lm", "convert", "-q", "--hf-path"].iter().map(|s| s.to_string());
+        let argv = std::iter::once(a.python.clone()).chain(argv).chain([src.clone()]).collect();
+        let (t, rss) = timed(&format!("run {i}: mlx_lm.convert -q"), format!("mlx-lm-{i}"), argv)?;
         base.0.push(t);
         base.1.push(rss);
     }
