@@ -122,8 +122,18 @@ impl From<NgramSchedule> for DraftSchedule {
 /// What `--draft-*` asked for, checked before anything is fetched or loaded.
 enum Drafting {
     Plain,
-    Ngram { max: usize, min: usize, n: usize, schedule: NgramSchedule },
-    Model { dir: PathBuf, n: Option<usize> },
+    Ngram {
+        max: usize,
+        min: usize,
+        n: usize,
+        schedule: NgramSchedule,
+    },
+    /// `dspark`: the directory holds a DeepSpec drafter checkpoint (its config parses as one).
+    Model {
+        dir: PathBuf,
+        n: Option<usize>,
+        dspark: bool,
+    },
 }
 
 impl Drafting {
@@ -137,8 +147,8 @@ impl Drafting {
                 "kind": "ngram", "ngram_max": max, "ngram_min": min,
                 "schedule": format!("{schedule:?}").to_lowercase(),
             }),
-            Drafting::Model { dir, .. } => {
-                let kind = if drafter::DrafterConfig::from_dir(dir).is_ok() { "dspark" } else { "model" };
+            Drafting::Model { dir, dspark, .. } => {
+                let kind = if *dspark { "dspark" } else { "model" };
                 serde_json::json!({"kind": kind, "path": dir.display().to_string()})
             }
         }
@@ -216,7 +226,8 @@ fn drafting(a: &GenerateArgs) -> Result<Drafting> {
         Some(DraftKind::Model) => {
             let dir = a.draft_model.clone().expect("kind Model has a directory");
             check_model_dir(&dir, "--draft-model")?;
-            Drafting::Model { dir, n: a.num_draft_tokens }
+            let dspark = drafter::DrafterConfig::from_dir(&dir).is_ok();
+            Drafting::Model { dir, n: a.num_draft_tokens, dspark }
         }
     })
 }
@@ -294,7 +305,7 @@ fn load_drafter(
                 NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?.with_schedule((*schedule).into());
             Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
         }
-        Drafting::Model { dir, n } if drafter::DrafterConfig::from_dir(dir).is_ok() => {
+        Drafting::Model { dir, n, dspark: true } => {
             let d = drafter::Drafter::load(dir, load)
                 .with_context(|| format!("loading DSpark drafter {}", dir.display()))?;
             let n = n.unwrap_or(d.block_size());
@@ -302,7 +313,7 @@ fn load_drafter(
                 .with_confidence_threshold(confidence_threshold.unwrap_or(0.0));
             Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
         }
-        Drafting::Model { dir, n } => {
+        Drafting::Model { dir, n, dspark: false } => {
             if confidence_threshold.is_some() {
                 bail!("--confidence-threshold: {} is not a DSpark drafter", dir.display());
             }
