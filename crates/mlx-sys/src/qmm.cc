@@ -264,12 +264,12 @@ AVX2_FN void rows_avx2_one(const Problem& p, int n0, int n1) {
     const float* sr = p.s + static_cast<size_t>(n) * groups;
     const float* br = p.b + static_cast<size_t>(n) * groups;
     __m256 acc[kAcc];
-    for (int u = 0; u < kAcc; ++u) acc[u] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) acc[u] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
       const int c0 = g * chunks_per_group;  // a multiple of 4: chunk c feeds acc[c % 4]
       for (int c = c0; c < c0 + chunks_per_group; c += kAcc) {
-        for (int u = 0; u < kAcc; ++u) {
+        _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) {
           __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c + u), sc, bi);
           acc[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p.x + 8 * (c + u)), acc[u]);
         }
@@ -283,17 +283,17 @@ AVX2_FN void rows_avx2_one(const Problem& p, int n0, int n1) {
 template <int R>
 AVX2_FN_ALWAYS void dot_rows(const float* row, const float* x, int k, float* out, size_t out_stride) {
   __m256 acc[R][kAcc];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < kAcc; ++u) acc[r][u] = _mm256_setzero_ps();
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) acc[r][u] = _mm256_setzero_ps();
   for (int i = 0; i < k; i += 8 * kAcc) {
-    for (int u = 0; u < kAcc; ++u) {
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) {
       __m256 wv = _mm256_loadu_ps(row + i + 8 * u);
-      for (int r = 0; r < R; ++r) {
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
         acc[r][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i + 8 * u), acc[r][u]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = finish(acc[r]);
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r * out_stride] = finish(acc[r]);
 }
 
 template <int BITS>

@@ -17,7 +17,8 @@
 //! decode`. Environment: `MLX_SPEC_BENCH_MODELS` (model directories, `:`-separated; default
 //! the imported SmolLM2), `MLX_SPEC_BENCH_PROMPTS` (default `fixtures/bench/prompts.json`),
 //! `MLX_SPEC_BENCH_OUT` (JSON lines, default `target/bench-decode/ours.jsonl`),
-//! `MLX_SPEC_BENCH_TOKENS` (default 64), `MLX_SPEC_BENCH_REPS` (default 5). Under `cargo test`
+//! `MLX_SPEC_BENCH_TOKENS` (default 64), `MLX_SPEC_BENCH_REPS` (default 5),
+//! `MLX_SPEC_BENCH_VARIANTS` (default `ours,mlx-kernels`; e.g. `ours` alone for profiling). Under `cargo test`
 //! (no `--bench` argument) it runs a few-token smoke pass on the default model when it is
 //! already imported.
 use std::collections::BTreeMap;
@@ -187,9 +188,12 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target/bench-decode/ours.jsonl"));
     std::fs::create_dir_all(out.parent().expect("output has a parent")).expect("output directory");
+    let variants: Vec<String> = std::env::var("MLX_SPEC_BENCH_VARIANTS")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| vec!["ours".into(), "mlx-kernels".into()]);
     let mut lines = Vec::new();
     for dir in &models {
-        for variant in ["ours", "mlx-kernels"] {
+        for variant in &variants {
             lines.push(run(dir, variant, &setup).to_string());
         }
     }
