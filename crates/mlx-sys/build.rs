@@ -29,7 +29,7 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/lib.rs"] {
+    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/attn.cc", "src/pool.h", "src/lib.rs"] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -42,6 +42,7 @@ fn main() {
     build
         .file("src/shim.cc")
         .file("src/qmm.cc")
+        .file("src/attn.cc")
         .include(&inc)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -91,6 +91,9 @@ pub enum AttentionMask<'a> {
 /// `[B, Hq, Lq, Dv]`. Grouped-query attention when `Hq` is a multiple of `Hkv` (query
 /// head `h` uses KV head `h / (Hq / Hkv)`).
 ///
+/// On the CPU backend, float32 inputs with at most [`crate::cpu_attention::MAX_QUERIES`]
+/// query rows and no explicit mask go to the fused kernel of [`crate::cpu_attention`].
+///
 /// # Errors
 /// [`crate::Error::Mlx`] on mismatched shapes or head counts.
 pub fn scaled_dot_product_attention(
@@ -100,6 +103,12 @@ pub fn scaled_dot_product_attention(
     scale: f32,
     mask: AttentionMask<'_>,
 ) -> Result<Array> {
+    let fused = |causal| crate::cpu_attention::attention(q, k, v, scale, causal);
+    match mask {
+        AttentionMask::None if crate::cpu_attention::applies(q, k, v, false) => return fused(false),
+        AttentionMask::Causal if crate::cpu_attention::applies(q, k, v, true) => return fused(true),
+        _ => {}
+    }
     let (mode, arr) = match mask {
         AttentionMask::None => ("", None),
         AttentionMask::Causal => ("causal", None),

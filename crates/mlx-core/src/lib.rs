@@ -12,8 +12,9 @@
 //!   and talk to other threads with plain data.
 //! - On the Linux CPU backend f32 is the fast dtype, and f32 matmuls go to OpenBLAS when it
 //!   is installed ([`blas_info`]); matrix-vector shapes go to its sgemv
-//!   ([`set_gemv_routing`]) and 4/8-bit quantized matmuls have a fast kernel
-//!   ([`cpu_quant`]).
+//!   ([`set_gemv_routing`]), 4/8-bit quantized matmuls have a fast kernel
+//!   ([`cpu_quant`]) and attention over short query windows is one fused node
+//!   ([`cpu_attention`]).
 //!
 //! ```
 //! use mlx_core::{Array, Dtype, fast, quant::{self, QuantSpec}};
@@ -32,6 +33,7 @@
 //! ```
 
 mod array;
+pub mod cpu_attention;
 pub mod cpu_quant;
 mod dtype;
 mod error;

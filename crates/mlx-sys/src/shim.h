@@ -158,6 +158,13 @@ uint64_t cpu_qmm_calls();
 // Threads the kernel splits output features over (default: all cores, MLX_SPEC_QMM_THREADS).
 int32_t cpu_qmm_threads();
 void cpu_qmm_set_threads(int32_t n);
+// --- fused CPU attention for short query windows (src/attn.cc)
+// softmax(q k^T * scale [+ causal mask aligned to the end]) v for q [B, Hq, Lq, D],
+// k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] float32 (any strides) -> [B, Hq, Lq, Dv] float32, as a
+// lazy MLX array whose primitive (AttentionCpu) runs on the CPU stream.
+std::unique_ptr<array> cpu_attention(const array& q, const array& k, const array& v, float scale, bool causal);
+// Attention calls the primitive has evaluated since the process started.
+uint64_t cpu_attention_calls();
 
 // Calls of cblas_sgemm made by libmlx (all shapes) since the process started.
 uint64_t blas_sgemm_calls();

@@ -1,0 +1,319 @@
+// Fused scaled-dot-product attention for short query windows on the CPU backend, as an MLX
+// custom primitive (`AttentionCpu`).
+//
+// Why: on the CPU, `mlx.core.fast.scaled_dot_product_attention` falls back to separate ops
+// (scale, q @ k^T per head through BLAS, mask, softmax, p @ v), about ten graph nodes and two
+// BLAS calls per head and layer. For a decode step (one query) or a verify window (a few
+// queries) the arithmetic is tiny and those nodes and BLAS calls are most of the cost. This
+// primitive does the whole attention of a layer in one node:
+//   for each batch b, query head h (KV head h / (Hq / Hkv)), query row i:
+//     n     = causal ? Lk - Lq + i + 1 : Lk                      (keys the row sees)
+//     s_j   = dot(q_i * scale, k_j)            j < n
+//     p_j   = exp(s_j - max_j s_j)
+//     out_i = (sum_j p_j v_j) / (sum_j p_j)
+// A row's result is computed by the same float operations whatever Lq is (row i of a verify
+// window at absolute position P sees exactly the keys a one-token step at P sees, in the same
+// order), so speculative verification reproduces plain decoding's attention bit for bit.
+//
+// Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv], float32, any strides
+// (KV-cache slices are strided views); output [B, Hq, Lq, Dv] float32, row-contiguous.
+// AVX2 + FMA when the CPU has them and D, Dv are multiples of 8 (runtime check), portable
+// C++ otherwise. Heads are split over the shared pool (pool.h) when the work is large enough.
+#include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/lib.rs.h"
+#include "mlx-sys/src/pool.h"
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace mlxsys {
+namespace mx = mlx::core;
+
+namespace {
+
+// A strided 4-D float view [B, H, L, D] with a contiguous last axis.
+struct View4 {
+  const float* data;
+  int64_t sb, sh, sl;
+  const float* row(int b, int h, int l) const { return data + b * sb + h * sh + l * sl; }
+};
+
+struct AttnProblem {
+  View4 q, k, v;
+  float* out;
+  int b, hq, hkv, lq, lk, d, dv;
+  float scale;
+  bool causal;
+};
+
+// Keys query row i sees.
+int keys_for(const AttnProblem& p, int i) { return p.causal ? p.lk - p.lq + i + 1 : p.lk; }
+
+// Portable: one head (b, h), all its query rows.
+void head_portable(const AttnProblem& p, int b, int h, std::vector<float>& s, std::vector<float>& qs) {
+  const int kvh = h / (p.hq / p.hkv);
+  s.resize(p.lk);
+  qs.resize(p.d);
+  for (int i = 0; i < p.lq; ++i) {
+    const int n = keys_for(p, i);
+    float* o = p.out + ((static_cast<int64_t>(b) * p.hq + h) * p.lq + i) * p.dv;
+    if (n <= 0) {
+      std::fill(o, o + p.dv, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const float* qr = p.q.row(b, h, i);
+    for (int d = 0; d < p.d; ++d) qs[d] = qr[d] * p.scale;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < n; ++j) {
+      const float* kr = p.k.row(b, kvh, j);
+      float acc = 0.f;
+      for (int d = 0; d < p.d; ++d) acc += qs[d] * kr[d];
+      s[j] = acc;
+      mx = std::max(mx, acc);
+    }
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - mx);
+      sum += s[j];
+    }
+    for (int d = 0; d < p.dv; ++d) o[d] = 0.f;
+    for (int j = 0; j < n; ++j) {
+      const float* vr = p.v.row(b, kvh, j);
+      for (int d = 0; d < p.dv; ++d) o[d] += s[j] * vr[d];
+    }
+    for (int d = 0; d < p.dv; ++d) o[d] /= sum;
+  }
+}
+
+#ifdef MLXSYS_X86
+#define AVX2_FN __attribute__((target("avx2,fma"))) inline
+#define AVX2_FN_ALWAYS __attribute__((target("avx2,fma"), always_inline)) inline
+
+AVX2_FN_ALWAYS float hsum8(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+AVX2_FN_ALWAYS float hmax8(__m256 v) {
+  __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// exp(x) for x <= 0 (scores minus their maximum): Cody-Waite range reduction x = n ln2 + r,
+// |r| <= ln2 / 2, and the degree-6 polynomial of the Cephes expf; about 1 ulp. x < -87.3
+// gives 0 (as float exp underflows there), -inf gives 0.
+AVX2_FN_ALWAYS __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+// One head (b, h), all its query rows; D and Dv multiples of 8. `s` holds the scores padded
+// to a multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
+AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, std::vector<float>& s, std::vector<float>& qs) {
+  const int kvh = h / (p.hq / p.hkv);
+  s.resize((p.lk + 7) / 8 * 8);
+  qs.resize(p.d);
+  const __m256 scale = _mm256_set1_ps(p.scale);
+  for (int i = 0; i < p.lq; ++i) {
+    const int n = keys_for(p, i);
+    float* o = p.out + ((static_cast<int64_t>(b) * p.hq + h) * p.lq + i) * p.dv;
+    if (n <= 0) {
+      std::fill(o, o + p.dv, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const float* qr = p.q.row(b, h, i);
+    for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(qs.data() + d, _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
+    // Scores: one dot product per key (two accumulators over D).
+    for (int j = 0; j < n; ++j) {
+      const float* kr = p.k.row(b, kvh, j);
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      int d = 0;
+      for (; d + 16 <= p.d; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d), _mm256_loadu_ps(kr + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d + 8), _mm256_loadu_ps(kr + d + 8), a1);
+      }
+      if (d < p.d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d), _mm256_loadu_ps(kr + d), a0);
+      s[j] = hsum8(_mm256_add_ps(a0, a1));
+    }
+    const int padded = (n + 7) / 8 * 8;
+    for (int j = n; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+    __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s.data() + j));
+    const __m256 mx = _mm256_set1_ps(hmax8(vmax));
+    __m256 vsum = _mm256_setzero_ps();
+    for (int j = 0; j < padded; j += 8) {
+      __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), mx));
+      _mm256_storeu_ps(s.data() + j, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / hsum8(vsum));
+    // Weighted values, Dv in chunks of up to 8 vectors kept in registers.
+    for (int d0 = 0; d0 < p.dv; d0 += 64) {
+      const int chunks = std::min(8, (p.dv - d0) / 8);
+      __m256 acc[8];
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+      for (int j = 0; j < n; ++j) {
+        const __m256 pj = _mm256_set1_ps(s[j]);
+        const float* vr = p.v.row(b, kvh, j) + d0;
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+          if (c < chunks) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+      }
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+        if (c < chunks) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+      }
+    }
+  }
+}
+
+bool attn_cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+bool attn_cpu_has_avx2() { return false; }
+#endif
+
+std::atomic<uint64_t> g_attn_calls{0};
+
+void run_head(const AttnProblem& p, int bh) {
+  thread_local std::vector<float> s, qs;
+  const int b = bh / p.hq, h = bh % p.hq;
+#ifdef MLXSYS_X86
+  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return head_avx2(p, b, h, s, qs);
+#endif
+  head_portable(p, b, h, s, qs);
+}
+
+// Multiply-adds per call below which one thread does all heads.
+constexpr int64_t kAttnParallelMin = 1 << 17;
+
+void compute_attention(const AttnProblem& p) {
+  const int heads = p.b * p.hq;
+  const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
+  if (Pool::get().threads() <= 1 || heads < 2 || work < kAttnParallelMin) {
+    for (int bh = 0; bh < heads; ++bh) run_head(p, bh);
+    return;
+  }
+  Pool::get().run(heads, [&](int bh) { run_head(p, bh); });
+}
+
+// The view of a 4-D input; a last axis that is not contiguous is copied to `tmp` first.
+View4 view4(const mx::array& a, std::vector<float>& tmp) {
+  const auto& st = a.strides();
+  if (st[3] == 1 || a.shape(3) == 1) return View4{a.data<float>(), st[0], st[1], st[2]};
+  const int n0 = a.shape(0), n1 = a.shape(1), n2 = a.shape(2), n3 = a.shape(3);
+  tmp.resize(a.size());
+  const float* src = a.data<float>();
+  size_t i = 0;
+  for (int x0 = 0; x0 < n0; ++x0)
+    for (int x1 = 0; x1 < n1; ++x1)
+      for (int x2 = 0; x2 < n2; ++x2)
+        for (int x3 = 0; x3 < n3; ++x3) tmp[i++] = src[x0 * st[0] + x1 * st[1] + x2 * st[2] + x3 * st[3]];
+  return View4{tmp.data(), static_cast<int64_t>(n1) * n2 * n3, static_cast<int64_t>(n2) * n3, n3};
+}
+
+class AttentionCpu : public mx::UnaryPrimitive {
+ public:
+  AttentionCpu(mx::Stream stream, float scale, bool causal)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    enc.dispatch([q = mx::array::unsafe_weak_copy(inputs[0]), k = mx::array::unsafe_weak_copy(inputs[1]),
+                  v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
+                  scale = scale_, causal = causal_]() mutable {
+      std::vector<float> qt, kt, vt;
+      AttnProblem p{view4(q, qt), view4(k, kt), view4(v, vt), out.data<float>(), q.shape(0), q.shape(1), k.shape(1),
+                    q.shape(2), k.shape(2), q.shape(3), v.shape(3), scale, causal};
+      if (out.size() > 0) compute_attention(p);
+      g_attn_calls.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[AttentionCpu] has no GPU evaluation; use fast::scaled_dot_product_attention");
+  }
+
+  const char* name() const override { return "AttentionCpu"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const AttentionCpu*>(&other);
+    return o && o->scale_ == scale_ && o->causal_ == causal_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[2].shape(3);
+    return {shape};
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+std::string dims(const mx::array& a) {
+  std::string r = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) r += (i ? "," : "") + std::to_string(a.shape(i));
+  return r + ")";
+}
+}  // namespace
+
+std::unique_ptr<mx::array> cpu_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                                         bool causal) {
+  const std::string op = "[cpu_attention] ";
+  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) {
+    throw std::invalid_argument(op + "q, k and v must be float32");
+  }
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) {
+    throw std::invalid_argument(op + "q, k, v must be 4-D [B, H, L, D], got " + dims(q) + ", " + dims(k) + ", " +
+                                dims(v));
+  }
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) || v.shape(1) != k.shape(1) ||
+      v.shape(2) != k.shape(2) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
+    throw std::invalid_argument(op + "q " + dims(q) + ", k " + dims(k) + ", v " + dims(v) +
+                                " do not fit q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] with Hq % Hkv == 0");
+  }
+  if (causal && q.shape(2) > k.shape(2)) {
+    throw std::invalid_argument(op + "a causal mask needs Lq <= Lk, got q " + dims(q) + " and k " + dims(k));
+  }
+  auto dev = mx::default_device();
+  if (dev != mx::Device(mx::Device::cpu)) throw std::invalid_argument(op + "the default device is not the CPU");
+  auto shape = q.shape();
+  shape.back() = v.shape(3);
+  return std::make_unique<mx::array>(shape, mx::float32,
+                                     std::make_shared<AttentionCpu>(mx::default_stream(dev), scale, causal),
+                                     std::vector<mx::array>{q, k, v});
+}
+
+uint64_t cpu_attention_calls() { return g_attn_calls.load(std::memory_order_relaxed); }
+}  // namespace mlxsys
