@@ -5,8 +5,8 @@
 //! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/qmm.cc`): a
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T <= 16`
-//! tokens costs little more than one token), uses AVX2 + FMA when the CPU has them (checked
-//! at run time; a portable path otherwise) and splits the output features over all cores
+//! tokens costs little more than one token), uses AVX-512F or AVX2 + FMA when the CPU has
+//! them (checked at run time; a portable path otherwise; see [`isa`]) and splits the output features over all cores
 //! (`MLX_SPEC_QMM_THREADS` or [`set_threads`]).
 //!
 //! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
@@ -80,15 +80,24 @@ const ON: u8 = 1;
 const OFF: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNSET);
 
-/// The instruction set the next evaluation uses: `"avx2+fma"` or `"portable"`.
+/// The instruction sets of the kernel, from the portable C++ up; [`isa`] reports one.
+pub const ISAS: [&str; 3] = ["portable", "avx2+fma", "avx512f"];
+
+/// The instruction set the next evaluation uses: the best of [`ISAS`] that the CPU has,
+/// under the cap of [`limit_isa`] (`MLX_SPEC_QMM_ISA` at start).
 pub fn isa() -> String {
     ffi::cpu_qmm_isa()
 }
 
-/// Forces the portable kernel even where AVX2 is available (to test it); returns the
-/// previous setting.
-pub fn force_portable(on: bool) -> bool {
-    ffi::cpu_qmm_force_portable(on)
+/// Caps the instruction set at `name` (one of [`ISAS`]) process-wide, e.g. to test the
+/// portable path on an AVX-512 machine; returns the previous cap. Each instruction set has
+/// its own summation order, so results differ between them at rounding level; within one,
+/// a row's result never depends on the number of rows.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] for a name not in [`ISAS`].
+pub fn limit_isa(name: &str) -> Result<String> {
+    ffi::cpu_qmm_limit_isa(name).map_err(|e| crate::Error::mlx("cpu_qmm_limit_isa", e))
 }
 
 /// How many products the kernel has evaluated in this process (proves a path uses it).

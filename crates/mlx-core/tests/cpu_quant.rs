@@ -1,7 +1,7 @@
 //! The fast CPU quantized matmul (`mlx_core::cpu_quant`, kernel in mlx-sys `src/qmm.cc`)
 //! against MLX's own `quantized_matmul` and against an f64 product with MLX's dequantized
 //! weights, over random shapes, bits (4, 8), group sizes (32, 64, 128), activation rows
-//! `T` (1..=16 and more), batch axes, strided inputs, both instruction-set paths and one or
+//! `T` (1..=16 and more), batch axes, strided inputs, every instruction-set path (portable, AVX2, AVX-512) and one or
 //! more threads.
 //!
 //! Tolerance per output element: `|Δ| <= 1e-5 * Σ_k |x_k w_k| + 1e-6` (float32 rounding
@@ -89,40 +89,49 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
         })
 }
 
-fn run(isa_portable: bool, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
+fn run(isa: &str, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
     let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    let prev_isa = cpu_quant::force_portable(isa_portable);
+    let prev_isa = cpu_quant::limit_isa(isa).unwrap();
     let prev_threads = cpu_quant::threads();
     cpu_quant::set_threads(threads);
     let mut runner =
         proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: n_cases, ..Default::default() });
     let result = runner.run(&cases(max_n, max_groups), |c| check(&c));
-    cpu_quant::force_portable(prev_isa);
+    cpu_quant::limit_isa(&prev_isa).unwrap();
     cpu_quant::set_threads(prev_threads);
-    result
-        .unwrap_or_else(|e| panic!("isa {}, threads {threads}: {e}", if isa_portable { "portable" } else { "native" }));
+    result.unwrap_or_else(|e| panic!("isa {isa} (in use: {}), threads {threads}: {e}", cpu_quant::isa()));
 }
 
 #[test]
-fn native_kernel_one_thread_matches_mlx() {
-    run(false, 1, 70, 7, 96);
+fn best_kernel_one_thread_matches_mlx() {
+    run("avx512f", 1, 70, 7, 96);
 }
 
 #[test]
-fn native_kernel_all_threads_matches_mlx() {
+fn best_kernel_all_threads_matches_mlx() {
     // large enough products to be split over threads (N * K >= 32768)
-    run(false, 2, 400, 9, 24);
+    run("avx512f", 2, 400, 9, 24);
+}
+
+#[test]
+fn avx2_kernel_matches_mlx() {
+    run("avx2+fma", 2, 300, 7, 48);
 }
 
 #[test]
 fn portable_kernel_matches_mlx() {
-    run(true, 2, 300, 7, 48);
+    run("portable", 2, 300, 7, 48);
 }
 
 #[test]
-fn isa_is_reported() {
-    let isa = cpu_quant::isa();
-    assert!(isa == "avx2+fma" || isa == "portable", "{isa}");
+fn isa_is_reported_and_can_be_capped() {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(cpu_quant::ISAS.contains(&cpu_quant::isa().as_str()), "{}", cpu_quant::isa());
+    let prev = cpu_quant::limit_isa("portable").unwrap();
+    assert_eq!(cpu_quant::isa(), "portable");
+    let e = cpu_quant::limit_isa("sse9").unwrap_err().to_string();
+    assert!(e.contains("unknown instruction set 'sse9'"), "{e}");
+    cpu_quant::limit_isa(&prev).unwrap();
 }
 
 #[test]
@@ -162,13 +171,13 @@ fn auto_falls_back_to_mlx_for_other_dtypes() {
     assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
 }
 
-/// A row of a T-row product equals the one-row product of that row bit for bit, on both
-/// instruction-set paths: verify windows see exactly the logits of one-token steps.
+/// A row of a T-row product equals the one-row product of that row bit for bit, on every
+/// instruction-set path: verify windows see exactly the logits of one-token steps.
 #[test]
 fn rows_do_not_depend_on_the_window_size() {
     let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    for portable in [false, true] {
-        let prev = cpu_quant::force_portable(portable);
+    for isa in cpu_quant::ISAS {
+        let prev = cpu_quant::limit_isa(isa).unwrap();
         let mut runner =
             proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: 24, ..Default::default() });
         let strategy = (
@@ -196,7 +205,7 @@ fn rows_do_not_depend_on_the_window_size() {
             }
             Ok(())
         });
-        cpu_quant::force_portable(prev);
-        result.unwrap_or_else(|e| panic!("portable {portable}: {e}"));
+        cpu_quant::limit_isa(&prev).unwrap();
+        result.unwrap_or_else(|e| panic!("isa {isa}: {e}"));
     }
 }

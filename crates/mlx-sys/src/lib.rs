@@ -288,7 +288,7 @@ pub mod ffi {
             bits: i32,
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_qmm_isa() -> String;
-        fn cpu_qmm_force_portable(on: bool) -> bool;
+        fn cpu_qmm_limit_isa(name: &str) -> Result<String>;
         fn cpu_qmm_calls() -> u64;
         fn cpu_qmm_threads() -> i32;
         fn cpu_qmm_set_threads(n: i32);

@@ -9,8 +9,9 @@
 //     L1), so a verify window costs little more than one token;
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
 //     speculative verification sees exactly the logits of plain decoding;
-//   - uses AVX2 + FMA when the CPU has them (runtime check with __builtin_cpu_supports; the
-//     library itself is compiled for baseline x86-64) and portable C++ otherwise;
+//   - uses AVX-512F, else AVX2 + FMA, when the CPU has them (runtime check with
+//     __builtin_cpu_supports; the library itself is compiled for baseline x86-64) and
+//     portable C++ otherwise (`MLX_SPEC_QMM_ISA` or `cpu_qmm_limit_isa` cap the choice);
 //   - splits the output features over a small persistent thread pool (all cores by default,
 //     `MLX_SPEC_QMM_THREADS` or `qmm_set_threads` override).
 //
@@ -189,22 +190,151 @@ bool cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+
+// ---------------------------------------------------------------------------------------
+// AVX-512F: chunks of 16 weights and two accumulators, same structure as above:
+//   w_c   = fma(decode16(q_c), scale_g, bias_g)
+//   acc_u = fma(w_c, x'_c, acc_u)   u = c % 2, in chunk order
+//   y     = reduce_add(acc_0 + acc_1)
+// For 4 bits a chunk is two packed words broadcast to all 64-bit lanes, so lane j holds
+// element (j % 2) * 8 + j / 2 of the chunk; `x'` is x with each 16-chunk permuted the same
+// way (`permute_x4`), so the products pair the right elements. 8 bits: lane j = byte j.
+#define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
+#define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
+
+template <int BITS>
+AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
+  if constexpr (BITS == 4) {
+    const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+    uint64_t two;
+    std::memcpy(&two, wr + 2 * c, sizeof(two));
+    __m512i v = _mm512_srlv_epi32(_mm512_set1_epi64(static_cast<long long>(two)), shifts);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
+  } else {
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * c));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+  }
+}
+
+// x [M, K] -> x' [M, K] with lane j of each 16-chunk = element (j % 2) * 8 + j / 2.
+void permute_x4(const float* x, int m, int k, float* out) {
+  for (size_t i = 0; i < static_cast<size_t>(m) * k; i += 16) {
+    for (int j = 0; j < 16; ++j) out[i + j] = x[i + (j % 2) * 8 + j / 2];
+  }
+}
+
+template <int BITS>
+AVX512_FN void rows_avx512_one(const Problem& p, int n0, int n1) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      const __m512 sc = _mm512_set1_ps(sr[g]), bi = _mm512_set1_ps(br[g]);
+      const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
+      for (int c = c0; c < c0 + chunks_per_group; c += 2) {
+        acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(decode16<BITS>(wr, c), sc, bi), _mm512_loadu_ps(p.x + 16 * c), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(decode16<BITS>(wr, c + 1), sc, bi), _mm512_loadu_ps(p.x + 16 * c + 16),
+                               acc1);
+      }
+    }
+    p.out[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+}
+
+// Dot products of one dequantized row with R activation rows (same accumulation as above).
+template <int R>
+AVX512_FN_ALWAYS void dot_rows512(const float* row, const float* x, int k, float* out, size_t out_stride) {
+  __m512 acc[R][2];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int i = 0; i < k; i += 32) {
+    const __m512 w0 = _mm512_loadu_ps(row + i), w1 = _mm512_loadu_ps(row + i + 16);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      const float* xr = x + static_cast<size_t>(r) * k + i;
+      acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][1]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+    out[r * out_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  }
+}
+
+template <int BITS>
+AVX512_FN void rows_avx512_many(const Problem& p, int n0, int n1, float* row) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    for (int g = 0; g < groups; ++g) {
+      const __m512 sc = _mm512_set1_ps(sr[g]), bi = _mm512_set1_ps(br[g]);
+      for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
+        _mm512_storeu_ps(row + 16 * c, _mm512_fmadd_ps(decode16<BITS>(wr, c), sc, bi));
+      }
+    }
+    int m = 0;
+    float* o = p.out + n;
+    const size_t xs = static_cast<size_t>(p.k), os = static_cast<size_t>(p.n);
+    for (; m + 6 <= p.m; m += 6) dot_rows512<6>(row, p.x + m * xs, p.k, o + m * os, os);
+    switch (p.m - m) {
+      case 5: dot_rows512<5>(row, p.x + m * xs, p.k, o + m * os, os); break;
+      case 4: dot_rows512<4>(row, p.x + m * xs, p.k, o + m * os, os); break;
+      case 3: dot_rows512<3>(row, p.x + m * xs, p.k, o + m * os, os); break;
+      case 2: dot_rows512<2>(row, p.x + m * xs, p.k, o + m * os, os); break;
+      case 1: dot_rows512<1>(row, p.x + m * xs, p.k, o + m * os, os); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
+  if (p.m == 1) return rows_avx512_one<BITS>(p, n0, n1);
+  row.resize(p.k);
+  rows_avx512_many<BITS>(p, n0, n1, row.data());
+}
+
+bool cpu_has_avx512() {
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+  return yes;
+}
 #else
 bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
 #endif
 
-std::atomic<bool> g_force_portable{false};
+// Instruction sets, best last; `g_max_isa` caps the choice (tests compare them).
+enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* const kIsaNames[] = {"portable", "avx2+fma", "avx512f"};
+
+int initial_max_isa() {
+  const char* e = std::getenv("MLX_SPEC_QMM_ISA");
+  if (!e) return kAvx512;
+  for (int i = kPortable; i <= kAvx512; ++i) {
+    if (std::string(e) == kIsaNames[i] || (i == kAvx2 && std::string(e) == "avx2") ||
+        (i == kAvx512 && std::string(e) == "avx512")) {
+      return i;
+    }
+  }
+  return kAvx512;
+}
+
+std::atomic<int> g_max_isa{initial_max_isa()};
 std::atomic<uint64_t> g_calls{0};
 
-bool use_avx2() { return cpu_has_avx2() && !g_force_portable.load(std::memory_order_relaxed); }
+int isa() {
+  int best = cpu_has_avx512() ? kAvx512 : cpu_has_avx2() ? kAvx2 : kPortable;
+  return std::min(best, g_max_isa.load(std::memory_order_relaxed));
+}
 
-void run_rows(const Problem& p, int n0, int n1) {
+void run_rows(const Problem& p, int n0, int n1, int level) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
-  if (use_avx2()) {
-    if (p.bits == 4) return rows_avx2<4>(p, n0, n1, row);
-    return rows_avx2<8>(p, n0, n1, row);
-  }
+  if (level == kAvx512) return p.bits == 4 ? rows_avx512<4>(p, n0, n1, row) : rows_avx512<8>(p, n0, n1, row);
+  if (level == kAvx2) return p.bits == 4 ? rows_avx2<4>(p, n0, n1, row) : rows_avx2<8>(p, n0, n1, row);
 #endif
   rows_portable(p, n0, n1, row);
 }
@@ -212,14 +342,21 @@ void run_rows(const Problem& p, int n0, int n1) {
 // Weights per task below which one thread does the whole product.
 constexpr size_t kParallelMinWeights = 1 << 15;
 
-void compute(const Problem& p) {
+void compute(Problem p) {
+  const int level = isa();
+  thread_local std::vector<float> permuted;
+  if (level == kAvx512 && p.bits == 4) {
+    permuted.resize(static_cast<size_t>(p.m) * p.k);
+    permute_x4(p.x, p.m, p.k, permuted.data());
+    p.x = permuted.data();
+  }
   size_t work = static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
   int threads = Pool::get().threads();
-  if (threads <= 1 || work < kParallelMinWeights || p.n < 16) return run_rows(p, 0, p.n);
+  if (threads <= 1 || work < kParallelMinWeights || p.n < 16) return run_rows(p, 0, p.n, level);
   // Chunks of output features (multiples of 8 rows), about 4 per thread for balance.
   int per = std::max(8, (p.n + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
   int chunks = (p.n + per - 1) / per;
-  Pool::get().run(chunks, [&](int i) { run_rows(p, i * per, std::min(p.n, (i + 1) * per)); });
+  Pool::get().run(chunks, [&](int i) { run_rows(p, i * per, std::min(p.n, (i + 1) * per), level); });
 }
 
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.
@@ -336,9 +473,16 @@ std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::ar
                                      std::vector<mx::array>{x, w, scales, biases});
 }
 
-rust::String cpu_qmm_isa() { return rust::String(use_avx2() ? "avx2+fma" : "portable"); }
+rust::String cpu_qmm_isa() { return rust::String(kIsaNames[isa()]); }
 
-bool cpu_qmm_force_portable(bool on) { return g_force_portable.exchange(on); }
+rust::String cpu_qmm_limit_isa(rust::Str name) {
+  const std::string want(name);
+  for (int i = kPortable; i <= kAvx512; ++i) {
+    if (want == kIsaNames[i]) return rust::String(kIsaNames[g_max_isa.exchange(i)]);
+  }
+  throw std::invalid_argument("[cpu_qmm_limit_isa] unknown instruction set '" + want +
+                              "' (expected portable, avx2+fma or avx512f)");
+}
 
 uint64_t cpu_qmm_calls() { return g_calls.load(std::memory_order_relaxed); }
 

@@ -149,10 +149,11 @@ bool blas_select(rust::Str which);
 // bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
 std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
                                             int32_t group_size, int32_t bits);
-// "avx2+fma" or "portable": the kernel the next evaluation uses.
+// "avx512f", "avx2+fma" or "portable": the kernel the next evaluation uses.
 rust::String cpu_qmm_isa();
-// Forces the portable kernel (tests); returns the previous setting.
-bool cpu_qmm_force_portable(bool on);
+// Caps the instruction set at `name` (one of the above; tests compare them); returns the
+// previous cap. Throws std::invalid_argument for another name.
+rust::String cpu_qmm_limit_isa(rust::Str name);
 // Products the kernel has evaluated since the process started.
 uint64_t cpu_qmm_calls();
 // Threads the kernel splits output features over (default: all cores, MLX_SPEC_QMM_THREADS).
