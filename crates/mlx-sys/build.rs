@@ -29,7 +29,7 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/attn.cc", "src/pool.h", "src/lib.rs"] {
+    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/attn.cc", "src/pool.h", "src/simd.h", "src/lib.rs"] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -47,6 +47,8 @@ fn main() {
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
+        // GCC 12 flags the `_mm512_undefined_epi32()` inside its own AVX-512 intrinsics.
+        .flag_if_supported("-Wno-maybe-uninitialized")
         .opt_level(2);
     // The BLAS switch (src/blas.cc) only exists where libmlx calls a separate CBLAS
     // library, i.e. the Linux wheels; macOS uses Accelerate inside libmlx.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use mlx_sys::ffi;
 
-use crate::array::wrap;
+use crate::array::{list, wrap};
 use crate::quant::{QuantSpec, QuantizedMatrix};
 use crate::runtime::{Backend, backend};
 use crate::{Array, Dtype, Result};
@@ -40,6 +40,54 @@ pub fn quantized_matmul_t(x: &Array, weight: &Array, scales: &Array, biases: &Ar
         "cpu_quantized_matmul",
         ffi::cpu_quantized_matmul(x.raw(), weight.raw(), scales.raw(), biases.raw(), spec.group_size, spec.bits),
     )
+}
+
+/// Several products `x @ dequantize(W_j)^T` of one input in one graph node and one pass of
+/// the thread pool (a layer's q/k/v projections): one float32 `[..., N_j]` array per matrix,
+/// each equal bit for bit to [`quantized_matmul_t`] of that matrix. The matrices must share
+/// `K` and the [`QuantSpec`].
+///
+/// # Errors
+/// [`crate::Error::Mlx`] as [`quantized_matmul_t`], and for matrices of different specs or
+/// an empty list.
+pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix]) -> Result<Vec<Array>> {
+    let spec = same_spec("cpu_quantized_matmuls", mats)?;
+    let l = ffi::cpu_quantized_matmuls(x.raw(), &triples(mats), spec.group_size, spec.bits, false)
+        .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
+    (0..ffi::list_len(&l)).map(|i| wrap("cpu_quantized_matmuls", ffi::list_get(&l, i))).collect()
+}
+
+/// The SwiGLU of a llama-style MLP, `silu(x @ gate^T) * (x @ up^T)` with `silu(g) = g *
+/// sigmoid(g)`, in one graph node: `x [..., K]` float32 -> `[..., N]` float32, lazy. It
+/// replaces five nodes (two products, sigmoid, two multiplies); the result equals them up to
+/// float rounding (the kernel's own exp), and a row's result does not depend on the number of
+/// rows.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] as [`quantized_matmul_t`], and when `gate` and `up` differ in shape
+/// or spec.
+pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix) -> Result<Array> {
+    let spec = same_spec("cpu_quantized_swiglu", &[gate, up])?;
+    let l = ffi::cpu_quantized_matmuls(x.raw(), &triples(&[gate, up]), spec.group_size, spec.bits, true)
+        .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;
+    wrap("cpu_quantized_swiglu", ffi::list_get(&l, 0))
+}
+
+/// The common spec of `mats`, or an error naming both specs.
+fn same_spec(op: &'static str, mats: &[&QuantizedMatrix]) -> Result<QuantSpec> {
+    let first = mats.first().ok_or_else(|| crate::Error::Mlx { op, message: "no matrices".into() })?.spec;
+    match mats.iter().find(|m| m.spec != first) {
+        Some(other) => Err(crate::Error::Mlx {
+            op,
+            message: format!("matrices of one call need one spec, got {first:?} and {:?}", other.spec),
+        }),
+        None => Ok(first),
+    }
+}
+
+/// `(weight, scales, biases)` of each matrix, in order.
+fn triples(mats: &[&QuantizedMatrix]) -> cxx::UniquePtr<ffi::ArrayList> {
+    list(mats.iter().flat_map(|m| [&m.weight, &m.scales, &m.biases]))
 }
 
 /// Whether [`quantized_matmul_t`] accepts `q` with an input of dtype `x`: 4 or 8 bits,

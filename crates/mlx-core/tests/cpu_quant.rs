@@ -209,3 +209,89 @@ fn rows_do_not_depend_on_the_window_size() {
         result.unwrap_or_else(|e| panic!("isa {isa}: {e}"));
     }
 }
+
+/// Random matrices `[n, k]` quantized with `spec`, and `x [t, k]`.
+fn mats_and_x(spec: QuantSpec, ns: &[i32], k: i32, t: i32, seed: u64) -> (Vec<quant::QuantizedMatrix>, Array) {
+    let mats = ns
+        .iter()
+        .enumerate()
+        .map(|(j, &n)| {
+            let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed + j as u64)).unwrap();
+            quant::quantize(&w, spec).unwrap()
+        })
+        .collect();
+    (mats, uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 11)).unwrap())
+}
+
+fn bits_of(a: &Array) -> Vec<u32> {
+    a.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// One node for q/k/v gives exactly the three separate products.
+    #[test]
+    fn several_products_equal_separate_ones(
+        bits in prop_oneof![Just(4), Just(8)],
+        gs in prop_oneof![Just(32), Just(64), Just(128)],
+        ns in prop::collection::vec(1..200i32, 1..4),
+        groups in 1..6i32,
+        t in 1..=16i32,
+        seed in any::<u64>(),
+    ) {
+        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let spec = QuantSpec::new(gs, bits).unwrap();
+        let (mats, x) = mats_and_x(spec, &ns, gs * groups, t, seed);
+        let refs: Vec<_> = mats.iter().collect();
+        let all = cpu_quant::quantized_matmuls_t(&x, &refs).unwrap();
+        prop_assert_eq!(all.len(), mats.len());
+        for (m, got) in mats.iter().zip(&all) {
+            let one = quantized_matmul_t(&x, &m.weight, &m.scales, &m.biases, spec).unwrap();
+            prop_assert_eq!(got.shape(), one.shape());
+            prop_assert_eq!(bits_of(got), bits_of(&one));
+        }
+    }
+
+    /// The fused SwiGLU against MLX's ops on the kernel's products (silu(g) * u), and a row of
+    /// a T-row call against the one-row call of that row, bit for bit.
+    #[test]
+    fn swiglu_matches_mlx_ops_and_rows_are_window_independent(
+        bits in prop_oneof![Just(4), Just(8)],
+        gs in prop_oneof![Just(32), Just(64)],
+        n in 1..300i32,
+        groups in 1..5i32,
+        t in 1..=12i32,
+        seed in any::<u64>(),
+    ) {
+        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let spec = QuantSpec::new(gs, bits).unwrap();
+        let (mats, x) = mats_and_x(spec, &[n, n], gs * groups, t, seed);
+        let fused = cpu_quant::swiglu_t(&x, &mats[0], &mats[1]).unwrap();
+        prop_assert_eq!(fused.shape(), vec![t, n]);
+        let g = quantized_matmul_t(&x, &mats[0].weight, &mats[0].scales, &mats[0].biases, spec).unwrap();
+        let u = quantized_matmul_t(&x, &mats[1].weight, &mats[1].scales, &mats[1].biases, spec).unwrap();
+        let want = g.multiply(&g.sigmoid().unwrap()).unwrap().multiply(&u).unwrap().to_vec::<f32>().unwrap();
+        let got = fused.to_vec::<f32>().unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            prop_assert!((a - b).abs() <= 1e-5 * b.abs() + 1e-6, "element {}: fused {} vs MLX ops {}", i, a, b);
+        }
+        for r in 0..t {
+            let one = cpu_quant::swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &mats[0], &mats[1]).unwrap();
+            let row = fused.slice_axis(0, r, r + 1).unwrap();
+            prop_assert_eq!(bits_of(&one), bits_of(&row), "row {} of {}", r, t);
+        }
+    }
+}
+
+#[test]
+fn several_products_need_one_spec_and_swiglu_two_equal_matrices() {
+    let x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
+    let (a, _) = mats_and_x(QuantSpec::new(32, 4).unwrap(), &[8], 64, 1, 1);
+    let (b, _) = mats_and_x(QuantSpec::new(64, 4).unwrap(), &[8, 16], 64, 1, 2);
+    let e = cpu_quant::quantized_matmuls_t(&x, &[&a[0], &b[0]]).unwrap_err().to_string();
+    assert!(e.contains("need one spec"), "{e}");
+    assert!(cpu_quant::quantized_matmuls_t(&x, &[]).is_err());
+    let e = cpu_quant::swiglu_t(&x, &b[0], &b[1]).unwrap_err().to_string();
+    assert!(e.contains("same number of rows"), "{e}");
+}

@@ -22,6 +22,7 @@
 #include "mlx-sys/src/shim.h"
 #include "mlx-sys/src/lib.rs.h"
 #include "mlx-sys/src/pool.h"
+#include "mlx-sys/src/simd.h"
 
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
@@ -91,46 +92,9 @@ void head_portable(const AttnProblem& p, int b, int h, std::vector<float>& s, st
 }
 
 #ifdef MLXSYS_X86
-#define AVX2_FN __attribute__((target("avx2,fma"))) inline
-#define AVX2_FN_ALWAYS __attribute__((target("avx2,fma"), always_inline)) inline
-
-AVX2_FN_ALWAYS float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-AVX2_FN_ALWAYS float hmax8(__m256 v) {
-  __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// exp(x) for x <= 0 (scores minus their maximum): Cody-Waite range reduction x = n ln2 + r,
-// |r| <= ln2 / 2, and the degree-6 polynomial of the Cephes expf; about 1 ulp. x < -87.3
-// gives 0 (as float exp underflows there), -inf gives 0.
-AVX2_FN_ALWAYS __m256 exp_nonpositive(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33654f);
-  __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(underflow, y);
-}
+using simd::exp_nonpositive;
+using simd::hmax8;
+using simd::hsum8;
 
 // One head (b, h), all its query rows; D and Dv multiples of 8. `s` holds the scores padded
 // to a multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.

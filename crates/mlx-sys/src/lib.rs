@@ -287,6 +287,13 @@ pub mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<MxArray>>;
+        fn cpu_quantized_matmuls(
+            x: &MxArray,
+            mats: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            swiglu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
         fn cpu_qmm_isa() -> String;
         fn cpu_qmm_limit_isa(name: &str) -> Result<String>;
         fn cpu_qmm_calls() -> u64;

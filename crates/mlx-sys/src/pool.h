@@ -14,10 +14,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MLXSYS_X86 1
-#endif
+#include "mlx-sys/src/simd.h"
 
 namespace mlxsys {
 

@@ -31,6 +31,7 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
+#include <array>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -79,16 +80,7 @@ void rows_portable(const Problem& p, int n0, int n1, std::vector<float>& row) {
 }
 
 #ifdef MLXSYS_X86
-#define AVX2_FN __attribute__((target("avx2,fma"))) inline
-#define AVX2_FN_ALWAYS __attribute__((target("avx2,fma"), always_inline)) inline
-
-AVX2_FN_ALWAYS float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using simd::hsum8;
 
 // The 8 weights q[8c .. 8c+8) of a packed row, as floats.
 template <int BITS>
@@ -108,13 +100,13 @@ AVX2_FN_ALWAYS __m256 decode8(const uint32_t* wr, int c) {
 // for bit (greedy speculative output cannot drift from plain decode through rounding):
 //   w_c   = fma(decode(q_c), scale_g, bias_g)           8 weights of chunk c (group g)
 //   acc_u = fma(w_c, x_c, acc_u)  for c = u, u+4, ...    4 accumulators, in chunk order
-//   y     = hsum((acc_0 + acc_1) + (acc_2 + acc_3))
+//   y     = hsum8((acc_0 + acc_1) + (acc_2 + acc_3))
 // T = 1 decodes straight from registers; T >= 2 dequantizes each weight row once into an L1
 // buffer (same w_c values) and applies it to 3 activation rows at a time.
 constexpr int kAcc = 4;
 
 AVX2_FN_ALWAYS float finish(const __m256* acc) {
-  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 template <int BITS>
@@ -297,6 +289,15 @@ void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
   rows_avx512_many<BITS>(p, n0, n1, row.data());
 }
 
+// The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
+AVX2_FN int swiglu_avx2(const float* gate, const float* up, float* out, int n0, int n1) {
+  int i = n0;
+  for (; i + 8 <= n1; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(simd::silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  }
+  return i;
+}
+
 bool cpu_has_avx512() {
   static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f");
   return yes;
@@ -342,21 +343,70 @@ void run_rows(const Problem& p, int n0, int n1, int level) {
 // Weights per task below which one thread does the whole product.
 constexpr size_t kParallelMinWeights = 1 << 15;
 
-void compute(Problem p) {
-  const int level = isa();
-  thread_local std::vector<float> permuted;
-  if (level == kAvx512 && p.bits == 4) {
-    permuted.resize(static_cast<size_t>(p.m) * p.k);
-    permute_x4(p.x, p.m, p.k, permuted.data());
-    p.x = permuted.data();
+// Runs `rows(j, n0, n1)` over the output rows [0, n_rows[j]) of products j = 0.., split into
+// chunks of 8k rows (about 4 per thread) over the pool unless the work is small. A row is
+// always computed whole by one call, so results do not depend on the split.
+void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows) {
+  const int threads = Pool::get().threads();
+  int total = 0;
+  for (int n : n_rows) total += n;
+  if (threads <= 1 || work < kParallelMinWeights || total < 16) {
+    for (int j = 0; j < static_cast<int>(n_rows.size()); ++j) {
+      if (n_rows[j] > 0) rows(j, 0, n_rows[j]);
+    }
+    return;
   }
-  size_t work = static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
-  int threads = Pool::get().threads();
-  if (threads <= 1 || work < kParallelMinWeights || p.n < 16) return run_rows(p, 0, p.n, level);
-  // Chunks of output features (multiples of 8 rows), about 4 per thread for balance.
-  int per = std::max(8, (p.n + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
-  int chunks = (p.n + per - 1) / per;
-  Pool::get().run(chunks, [&](int i) { run_rows(p, i * per, std::min(p.n, (i + 1) * per), level); });
+  const int per = std::max(8, (total + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
+  std::vector<std::array<int, 3>> chunks;
+  for (int j = 0; j < static_cast<int>(n_rows.size()); ++j) {
+    for (int n0 = 0; n0 < n_rows[j]; n0 += per) chunks.push_back({j, n0, std::min(n_rows[j], n0 + per)});
+  }
+  Pool::get().run(static_cast<int>(chunks.size()), [&](int i) { rows(chunks[i][0], chunks[i][1], chunks[i][2]); });
+}
+
+// How the products of one call are returned: each as its own output, or (SwiGLU, two
+// products `gate` and `up`) as the single output silu(gate) * up.
+enum class Combine { kNone = 0, kSwiglu = 1 };
+
+// out[m, n] = silu(gate[m, n]) * up[m, n] for n in [n0, n1), every m. Whole vectors of 8 from
+// n0, then scalars: chunk bounds are multiples of 8, so an element takes the same path
+// whatever the split or the number of rows.
+void swiglu_rows(const float* gate, const float* up, float* out, int m, int n, int n0, int n1, int level) {
+  for (int r = 0; r < m; ++r) {
+    const size_t base = static_cast<size_t>(r) * n;
+    int i = n0;
+#ifdef MLXSYS_X86
+    if (level >= kAvx2) i = swiglu_avx2(gate + base, up + base, out + base, n0, n1);
+#endif
+    for (; i < n1; ++i) out[base + i] = simd::silu(gate[base + i]) * up[base + i];
+  }
+}
+
+// Products of one x [M, K] with matrices ps[j] (same K, bits and group size).
+void compute(std::vector<Problem>& ps, Combine combine, float* combined_out) {
+  const int level = isa();
+  const Problem& p0 = ps[0];
+  thread_local std::vector<float> permuted;
+  if (level == kAvx512 && p0.bits == 4) {
+    permuted.resize(static_cast<size_t>(p0.m) * p0.k);
+    permute_x4(p0.x, p0.m, p0.k, permuted.data());
+    for (auto& p : ps) p.x = permuted.data();
+  }
+  std::vector<int> n_rows;
+  size_t work = 0;
+  for (const auto& p : ps) {
+    n_rows.push_back(p.n);
+    work += static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
+  }
+  if (combine == Combine::kNone) {
+    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level); });
+    return;
+  }
+  split_rows({p0.n}, work, [&](int, int n0, int n1) {
+    run_rows(ps[0], n0, n1, level);
+    run_rows(ps[1], n0, n1, level);
+    swiglu_rows(ps[0].out, ps[1].out, combined_out, p0.m, p0.n, n0, n1, level);
+  });
 }
 
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.
@@ -379,41 +429,59 @@ void gather(const mx::array& a, std::vector<T>& dst) {
   }
 }
 
-class QuantizedMatmulCpu : public mx::UnaryPrimitive {
- public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+// Data of `a`, or of a row-contiguous copy kept in `tmp` when `a` is a strided view.
+template <typename T>
+const T* contiguous(const mx::array& a, std::vector<T>& tmp) {
+  if (a.flags().row_contiguous) return a.data<T>();
+  gather(a, tmp);
+  return tmp.data();
+}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+// Inputs: x [..., K], then (w, scales, biases) per product. Outputs: one [..., N_j] per
+// product, or one [..., N] for Combine::kSwiglu.
+class QuantizedMatmulCpu : public mx::Primitive {
+ public:
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), combine_(combine) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& in : inputs) enc.set_input_array(in);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
-                  s = mx::array::unsafe_weak_copy(inputs[2]), b = mx::array::unsafe_weak_copy(inputs[3]),
-                  out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
-      std::vector<float> xc, sc, bc;
-      std::vector<uint32_t> wc;
-      auto f32 = [](const mx::array& a, std::vector<float>& tmp) -> const float* {
-        if (a.flags().row_contiguous) return a.data<float>();
-        gather(a, tmp);
-        return tmp.data();
-      };
-      const uint32_t* wp = w.data<uint32_t>();
-      if (!w.flags().row_contiguous) {
-        gather(w, wc);
-        wp = wc.data();
+    std::vector<mx::array> ins, outs;
+    for (auto& in : inputs) ins.push_back(mx::array::unsafe_weak_copy(in));
+    for (auto& out : outputs) {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+      enc.set_output_array(out);
+      outs.push_back(mx::array::unsafe_weak_copy(out));
+    }
+    enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
+                  combine = combine_]() mutable {
+      const int products = static_cast<int>(ins.size() - 1) / 3;
+      const int k = ins[0].shape(-1);
+      const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
+      std::vector<float> xc;
+      std::vector<std::vector<float>> tmp_f(2 * products), scratch(combine == Combine::kSwiglu ? 2 : 0);
+      std::vector<std::vector<uint32_t>> tmp_w(products);
+      std::vector<Problem> ps;
+      for (int j = 0; j < products; ++j) {
+        const mx::array& w = ins[1 + 3 * j];
+        const int n = w.shape(0);
+        float* out;
+        if (combine == Combine::kSwiglu) {
+          scratch[j].resize(static_cast<size_t>(m) * n);
+          out = scratch[j].data();
+        } else {
+          out = outs[j].data<float>();
+        }
+        ps.push_back(Problem{contiguous(ins[0], xc), contiguous(w, tmp_w[j]), contiguous(ins[2 + 3 * j], tmp_f[2 * j]),
+                             contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), out, m, n, k, gs, bits});
       }
-      int n = out.shape(-1);
-      int k = x.shape(-1);
-      Problem p{f32(x, xc), wp, f32(s, sc), f32(b, bc), out.data<float>(), static_cast<int>(x.size() / k), n, k, gs,
-                bits};
-      if (p.m > 0 && n > 0) compute(p);
+      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr);
       g_calls.fetch_add(1, std::memory_order_relaxed);
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[QuantizedMatmulCpu] has no GPU evaluation; use quantized_matmul on the GPU");
   }
 
@@ -421,18 +489,24 @@ class QuantizedMatmulCpu : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedMatmulCpu*>(&other);
-    return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->combine_ == combine_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.back() = inputs[1].shape(0);
-    return {shape};
+    std::vector<mx::Shape> shapes;
+    for (size_t j = 1; j < inputs.size(); j += 3) {
+      auto shape = inputs[0].shape();
+      shape.back() = inputs[j].shape(0);
+      shapes.push_back(shape);
+      if (combine_ == Combine::kSwiglu) break;
+    }
+    return shapes;
   }
 
  private:
   int group_size_;
   int bits_;
+  Combine combine_;
 };
 
 std::string shape_str(const mx::Shape& s) {
@@ -442,15 +516,12 @@ std::string shape_str(const mx::Shape& s) {
 }
 }  // namespace
 
-std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                                                const mx::array& biases, int32_t group_size, int32_t bits) {
-  const std::string op = "[cpu_quantized_matmul] ";
-  if (bits != 4 && bits != 8) throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
-    throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
-  }
-  if (x.dtype() != mx::float32 || scales.dtype() != mx::float32 || biases.dtype() != mx::float32) {
-    throw std::invalid_argument(op + "x, scales and biases must be float32");
+namespace {
+// Checks one (w, scales, biases) triple against the call's bits, group size and x; returns N.
+int check_matrix(const std::string& op, const mx::array& x, const mx::array& w, const mx::array& scales,
+                 const mx::array& biases, int32_t group_size, int32_t bits) {
+  if (scales.dtype() != mx::float32 || biases.dtype() != mx::float32) {
+    throw std::invalid_argument(op + "scales and biases must be float32");
   }
   if (w.dtype() != mx::uint32 || w.ndim() != 2) throw std::invalid_argument(op + "w must be a 2-D uint32 array");
   int n = w.shape(0);
@@ -464,13 +535,53 @@ std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::ar
   if (x.ndim() < 1 || x.shape(-1) != k) {
     throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(k));
   }
+  return n;
+}
+
+// The lazy outputs of products of x with the triples (w, scales, biases) of `mats`.
+std::vector<mx::array> build(const std::string& op, const mx::array& x, const std::vector<mx::array>& mats,
+                             int32_t group_size, int32_t bits, Combine combine) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
+  }
+  if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
+  if (mats.empty() || mats.size() % 3 != 0) throw std::invalid_argument(op + "needs (w, scales, biases) triples");
+  std::vector<mx::Shape> shapes;
+  for (size_t j = 0; j < mats.size(); j += 3) {
+    auto shape = x.shape();
+    shape.back() = check_matrix(op, x, mats[j], mats[j + 1], mats[j + 2], group_size, bits);
+    shapes.push_back(shape);
+  }
+  if (combine == Combine::kSwiglu) {
+    if (shapes.size() != 2 || shapes[0] != shapes[1]) {
+      throw std::invalid_argument(op + "SwiGLU needs two matrices (gate, up) with the same number of rows");
+    }
+    shapes.resize(1);
+  }
   auto dev = mx::default_device();
   if (dev != mx::Device(mx::Device::cpu)) throw std::invalid_argument(op + "the default device is not the CPU");
-  auto shape = x.shape();
-  shape.back() = n;
-  return std::make_unique<mx::array>(shape, mx::float32,
-                                     std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits),
-                                     std::vector<mx::array>{x, w, scales, biases});
+  std::vector<mx::array> inputs{x};
+  inputs.insert(inputs.end(), mats.begin(), mats.end());
+  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits, combine);
+  return mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
+}
+}  // namespace
+
+std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                                const mx::array& biases, int32_t group_size, int32_t bits) {
+  auto out = build("[cpu_quantized_matmul] ", x, {w, scales, biases}, group_size, bits, Combine::kNone);
+  return std::make_unique<mx::array>(out[0]);
+}
+
+std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
+                                                 int32_t bits, bool swiglu) {
+  auto out = build(swiglu ? "[cpu_quantized_swiglu] " : "[cpu_quantized_matmuls] ", x, mats.items, group_size, bits,
+                   swiglu ? Combine::kSwiglu : Combine::kNone);
+  auto list = std::make_unique<ArrayList>();
+  list->items = std::move(out);
+  return list;
 }
 
 rust::String cpu_qmm_isa() { return rust::String(kIsaNames[isa()]); }

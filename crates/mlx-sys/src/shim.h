@@ -149,6 +149,11 @@ bool blas_select(rust::Str which);
 // bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
 std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
                                             int32_t group_size, int32_t bits);
+// Several products of one x in one node: `mats` holds (w, scales, biases) triples with the
+// same K, bits and group size. Returns one [..., N_j] array per triple, or with `swiglu` (two
+// triples, gate and up) the single array silu(x @ gate^T) * (x @ up^T).
+std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
+                                                 int32_t bits, bool swiglu);
 // "avx512f", "avx2+fma" or "portable": the kernel the next evaluation uses.
 rust::String cpu_qmm_isa();
 // Caps the instruction set at `name` (one of the above; tests compare them); returns the

@@ -8,9 +8,10 @@
 //!
 //! Two variants run side by side in this one process:
 //! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
-//!   kernel of `mlx_core::cpu_quant`, pipelined decode);
+//!   kernels of `mlx_core::cpu_quant`, the fused attention of `mlx_core::cpu_attention`,
+//!   pipelined decode);
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
-//!   `quantized_matmul`), i.e. what the pip wheel gives.
+//!   `quantized_matmul` and attention), i.e. what the pip wheel gives.
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `MLX_SPEC_BENCH_MODELS=dir1:dir2 cargo bench -p models --bench
@@ -25,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mlx_core::{Dtype, cpu_quant, eval, set_gemv_routing};
+use mlx_core::{Dtype, cpu_attention, cpu_quant, eval, set_gemv_routing};
 use models::generate::{ids, prefill};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
@@ -85,6 +86,7 @@ fn set_variant(name: &str) {
     let ours = name == "ours";
     set_gemv_routing(ours);
     cpu_quant::set_enabled(ours);
+    cpu_attention::set_enabled(ours);
 }
 
 /// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.

@@ -9,7 +9,8 @@ use models::{LoadOptions, load_model};
 fn main() {
     let dir = std::env::args().nth(1).expect("model directory");
     let model = load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
-    let prompt: Vec<u32> = (0..100).map(|i| 100 + i * 7).collect();
+    let prompt_len: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(100);
+    let prompt: Vec<u32> = (0..prompt_len).map(|i| 100 + i * 7).collect();
     let (mut cache, mut tok) = prefill(&model, &prompt).unwrap();
     let (mut build, mut run) = (Vec::new(), Vec::new());
     let steps: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(60);
@@ -28,5 +29,8 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    println!("build {:.2} ms, eval {:.2} ms (median of 60 steps)", med(&mut build), med(&mut run));
+    println!("build {:.2} ms, eval {:.2} ms (median of {steps} steps)", med(&mut build), med(&mut run));
+    let params = models::GenerateParams { max_tokens: steps, sampler: models::Sampler::default(), eos: vec![] };
+    let stats = models::generate(&model, &prompt, &params, |_| true).unwrap();
+    println!("pipelined generate: {:.2} tok/s ({:.2} ms/token)", stats.generation_tps, 1e3 / stats.generation_tps);
 }

@@ -2,7 +2,7 @@
 //! [`Embedding`], and [`RmsNorm`]. They mirror mlx's `nn.Linear` / `nn.QuantizedLinear`,
 //! `nn.Embedding` / `nn.QuantizedEmbedding` and `nn.RMSNorm`.
 use mlx_core::quant::{self, QuantSpec, QuantizedMatrix};
-use mlx_core::{Array, Dtype, fast};
+use mlx_core::{Array, Dtype, cpu_quant, fast};
 
 use crate::config::QuantizationConfig;
 use crate::weights::Weights;
@@ -119,6 +119,56 @@ impl Linear {
             }
         })
     }
+}
+
+/// The quantized matrices of `linears` when all of them can go to one node of the CPU
+/// kernel (`mlx_core::cpu_quant`): all quantized with one spec, kernel on, `x`'s dtype taken.
+fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Vec<&'a QuantizedMatrix>> {
+    let mats: Vec<&QuantizedMatrix> = linears
+        .iter()
+        .map(|l| match l {
+            Linear::Quantized { weight, .. } => Some(weight),
+            Linear::Dense { .. } => None,
+        })
+        .collect::<Option<_>>()?;
+    let first = mats.first()?;
+    let ok = cpu_quant::enabled() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
+    ok.then_some(mats)
+}
+
+/// `[l.forward(x) for l in linears]`, as one graph node when [`fusable`] (a layer's q/k/v
+/// projections on the CPU backend; biases are added after). Same shapes and values as
+/// calling [`Linear::forward`] on each.
+///
+/// # Errors
+/// [`Error::Mlx`] when `x`'s last axis is not the linears' `in`.
+pub fn forward_many(linears: &[&Linear], x: &Array) -> Result<Vec<Array>> {
+    let Some(mats) = fusable(linears, x) else {
+        return linears.iter().map(|l| l.forward(x)).collect();
+    };
+    let ys = cpu_quant::quantized_matmuls_t(x, &mats)?;
+    ys.into_iter()
+        .zip(linears)
+        .map(|(y, l)| match l {
+            Linear::Quantized { bias: Some(b), .. } => Ok(y.add(b)?),
+            _ => Ok(y),
+        })
+        .collect()
+}
+
+/// The SwiGLU of a llama-style MLP, `silu(gate(x)) * up(x)` (`nn.silu(gate) * up` in mlx-lm),
+/// `x [..., H] -> [..., I]`: one graph node when `gate` and `up` are bias-free quantized
+/// matrices the CPU kernel takes, else the five separate ops.
+///
+/// # Errors
+/// [`Error::Mlx`] when `x`'s last axis is not `H`.
+pub fn swiglu(gate: &Linear, up: &Linear, x: &Array) -> Result<Array> {
+    let no_bias = |l: &Linear| matches!(l, Linear::Quantized { bias: None, .. });
+    if let (Some(m), true) = (fusable(&[gate, up], x), no_bias(gate) && no_bias(up)) {
+        return Ok(cpu_quant::swiglu_t(x, m[0], m[1])?);
+    }
+    let g = gate.forward(x)?;
+    Ok(g.multiply(&g.sigmoid()?)?.multiply(&up.forward(x)?)?)
 }
 
 /// Token embedding table `[V, H]`, dense or quantized; also usable as the tied LM head.

@@ -333,9 +333,7 @@ impl Block {
 
 impl Mlp {
     fn forward(&self, x: &Array) -> Result<Array> {
-        let g = self.gate_proj.forward(x)?;
-        let silu = g.multiply(&g.sigmoid()?)?;
-        self.down_proj.forward(&silu.multiply(&self.up_proj.forward(x)?)?)
+        self.down_proj.forward(&crate::layers::swiglu(&self.gate_proj, &self.up_proj, x)?)
     }
 }
 
@@ -351,9 +349,12 @@ impl Attention {
             };
             Ok(y.transpose(&[0, 2, 1, 3])?)
         };
-        let q = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let [q, k, v]: [Array; 3] = crate::layers::forward_many(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
+            .try_into()
+            .expect("three projections");
+        let q = heads(q, self.n_heads, &self.q_norm)?;
+        let k = heads(k, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(v, self.n_kv_heads, &None)?;
         let offset = cache.offset() as i32;
         let q = rope.apply(&q, offset)?;
         let k = rope.apply(&k, offset)?;
