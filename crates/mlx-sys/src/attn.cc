@@ -184,7 +184,7 @@ void compute_attention(const AttnProblem& p) {
     for (int bh = 0; bh < heads; ++bh) run_head(p, bh);
     return;
   }
-  Pool::get().run(heads, [&](int bh) { run_head(p, bh); });
+  Pool::get().run(heads, [&](int bh) { run_head(p, bh); }, Pool::Linger::kShort);
 }
 
 // The view of a 4-D input; a last axis that is not contiguous is copied to `tmp` first.

@@ -22,10 +22,13 @@ namespace mlxsys {
 // Thread pool. A job is a number of chunks; the calling thread and the workers claim chunks
 // from a shared counter, so the caller never waits for a worker that has not started (on a
 // busy machine a worker may be descheduled: the caller then does its chunks itself). Idle
-// workers spin for 5 ms (`MLX_SPEC_POOL_SPIN_US`), then sleep on a condition variable: a
-// decode step issues a pool job every few tens of microseconds, and waking a sleeping worker
-// (a futex round trip, slow under virtualization) cost more than the spinning; measured on
-// SmolLM2 4-bit, 2 cores: a step's evaluation 31 ms with 100 us of spinning, 23 ms with 5 ms.
+// workers spin, then sleep on a condition variable. After a quantized matmul they spin for
+// 5 ms (`MLX_SPEC_POOL_SPIN_US`): a quantized decode step issues a job every few tens of
+// microseconds, and waking a sleeping worker (a futex round trip, slow under virtualization)
+// cost more than the spinning (SmolLM2 4-bit, 2 cores: a step's evaluation 31 ms with 100 us
+// of spinning, 23 ms with 5 ms). After other jobs (attention) they spin 100 us only: with
+// f32 weights the products run on BLAS's own threads, which a spinning worker would starve
+// (SmolLM2 f32: 158 ms per step against 83 ms).
 
 class Pool {
  public:
@@ -42,9 +45,15 @@ class Pool {
     threads_.store(n, std::memory_order_relaxed);
   }
 
+  // How long idle workers wait for the next job, spinning, before they sleep.
+  enum class Linger {
+    kLong,   // spin_us(): the caller's jobs come back to back (quantized matmuls)
+    kShort,  // 100 us: other work (BLAS's own threads) needs the cores in between
+  };
+
   // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads() - 1
   // workers; returns when all have finished. Jobs from two streams at once are serialized.
-  void run(int chunks, const std::function<void(int)>& fn) {
+  void run(int chunks, const std::function<void(int)>& fn, Linger linger = Linger::kLong) {
     int helpers = std::min(threads(), chunks) - 1;
     if (helpers <= 0) {
       for (int i = 0; i < chunks; ++i) fn(i);
@@ -54,6 +63,7 @@ class Pool {
     ensure_workers(helpers);
     fn_ = &fn;
     chunks_ = chunks;
+    linger_us_.store(linger == Linger::kLong ? spin_us() : 100, std::memory_order_relaxed);
     next_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     job_.store(true, std::memory_order_seq_cst);
@@ -118,12 +128,13 @@ class Pool {
 
   void work(uint64_t seen) {
     for (;;) {
-      // Spin up to spin_us() for the next job, then sleep.
+      // Spin up to the last job's linger time for the next job, then sleep.
+      const int linger_us = linger_us_.load(std::memory_order_relaxed);
       auto start = std::chrono::steady_clock::now();
       int spins = 0;
       while (generation_.load(std::memory_order_acquire) == seen) {
         pause_or_yield(0);
-        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us())) {
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(linger_us)) {
           std::unique_lock<std::mutex> lock(wake_mutex_);
           sleepers_.fetch_add(1, std::memory_order_seq_cst);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
@@ -151,6 +162,7 @@ class Pool {
   std::atomic<int> inside_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
+  std::atomic<int> linger_us_{100};
   std::mutex wake_mutex_;
   std::condition_variable wake_;
 };
