@@ -29,7 +29,16 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for f in ["src/shim.h", "src/shim.cc", "src/blas.cc", "src/qmm.cc", "src/attn.cc", "src/pool.h", "src/simd.h", "src/lib.rs"] {
+    for f in [
+        "src/shim.h",
+        "src/shim.cc",
+        "src/blas.cc",
+        "src/qmm.cc",
+        "src/attn.cc",
+        "src/pool.h",
+        "src/simd.h",
+        "src/lib.rs",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
 

@@ -299,7 +299,8 @@ pub mod ffi {
         fn cpu_qmm_calls() -> u64;
         fn cpu_qmm_threads() -> i32;
         fn cpu_qmm_set_threads(n: i32);
-        fn cpu_attention(q: &MxArray, k: &MxArray, v: &MxArray, scale: f32, causal: bool) -> Result<UniquePtr<MxArray>>;
+        fn cpu_attention(q: &MxArray, k: &MxArray, v: &MxArray, scale: f32, causal: bool)
+        -> Result<UniquePtr<MxArray>>;
         fn cpu_attention_calls() -> u64;
         fn blas_gemv_calls() -> u64;
         fn blas_set_gemv_routing(on: bool) -> bool;
