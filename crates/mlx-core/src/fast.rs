@@ -103,7 +103,8 @@ pub fn scaled_dot_product_attention(
     scale: f32,
     mask: AttentionMask<'_>,
 ) -> Result<Array> {
-    let fused = |causal| crate::cpu_attention::attention(q, k, v, scale, causal);
+    let fused =
+        |causal| wrap("scaled_dot_product_attention", ffi::cpu_attention(q.raw(), k.raw(), v.raw(), scale, causal));
     match mask {
         AttentionMask::None if crate::cpu_attention::applies(q, k, v, false) => return fused(false),
         AttentionMask::Causal if crate::cpu_attention::applies(q, k, v, true) => return fused(true),
