@@ -171,9 +171,77 @@ AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
   }
 }
 
+// Verify windows (M <= kTiledMaxRows) over long rows: the x rows of a K-block stay in L1
+// while a tile of kTileRows weight rows is applied to them, with the partial sums of each
+// (weight row, x row) kept in `acc` (32 floats: the 4 accumulators) between blocks. Each
+// accumulator sees the same FMAs in the same order as above, so the results are the same
+// bits; only the memory traffic changes (x is read from L2 once per tile, not once per row).
+constexpr int kTiledMaxRows = 32;
+constexpr int kTileRows = 16;
+constexpr int kBlockK = 512;  // a multiple of every group size and of 32
+
+template <int R>
+AVX2_FN_ALWAYS void dot_rows_acc(const float* row, const float* x, size_t xs, int len, float* acc) {
+  __m256 a[R][kAcc];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) a[r][u] = _mm256_loadu_ps(acc + 32 * r + 8 * u);
+  for (int i = 0; i < len; i += 8 * kAcc) {
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) {
+      __m256 wv = _mm256_loadu_ps(row + i + 8 * u);
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+        a[r][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * xs + i + 8 * u), a[r][u]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) _mm256_storeu_ps(acc + 32 * r + 8 * u, a[r][u]);
+}
+
+template <int BITS>
+AVX2_FN void rows_avx2_tiled(const Problem& p, int n0, int n1, float* row, float* acc) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+  const size_t xs = static_cast<size_t>(p.k);
+  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
+    const int t1 = std::min(n1, t0 + kTileRows);
+    std::memset(acc, 0, sizeof(float) * 32 * p.m * (t1 - t0));
+    for (int k0 = 0; k0 < p.k; k0 += kBlockK) {
+      const int len = std::min(p.k, k0 + kBlockK) - k0;
+      for (int n = t0; n < t1; ++n) {
+        const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+        const float* sr = p.s + static_cast<size_t>(n) * groups;
+        const float* br = p.b + static_cast<size_t>(n) * groups;
+        for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
+          const int g = c / chunks_per_group;
+          __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c), _mm256_set1_ps(sr[g]), _mm256_set1_ps(br[g]));
+          _mm256_storeu_ps(row + 8 * c - k0, wv);
+        }
+        float* an = acc + static_cast<size_t>(32) * p.m * (n - t0);
+        const float* x = p.x + k0;
+        int m = 0;
+        for (; m + 3 <= p.m; m += 3) dot_rows_acc<3>(row, x + m * xs, xs, len, an + 32 * m);
+        if (p.m - m == 2) dot_rows_acc<2>(row, x + m * xs, xs, len, an + 32 * m);
+        if (p.m - m == 1) dot_rows_acc<1>(row, x + m * xs, xs, len, an + 32 * m);
+      }
+    }
+    for (int n = t0; n < t1; ++n) {
+      for (int m = 0; m < p.m; ++m) {
+        const float* a = acc + static_cast<size_t>(32) * (p.m * (n - t0) + m);
+        __m256 v[kAcc] = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)};
+        p.out[static_cast<size_t>(m) * p.n + n] = finish(v);
+      }
+    }
+  }
+}
+
 template <int BITS>
 void rows_avx2(const Problem& p, int n0, int n1, std::vector<float>& row) {
   if (p.m == 1) return rows_avx2_one<BITS>(p, n0, n1);
+  if (p.m <= kTiledMaxRows) {
+    thread_local std::vector<float> acc;
+    row.resize(kBlockK);
+    acc.resize(static_cast<size_t>(32) * kTileRows * p.m);
+    return rows_avx2_tiled<BITS>(p, n0, n1, row.data(), acc.data());
+  }
   row.resize(p.k);
   rows_avx2_many<BITS>(p, n0, n1, row.data());
 }
@@ -282,9 +350,78 @@ AVX512_FN void rows_avx512_many(const Problem& p, int n0, int n1, float* row) {
   }
 }
 
+// The tiled small-M path of the AVX2 kernels (see there) with 16-lane chunks and the two
+// accumulators of this instruction set (32 floats per weight row and x row, as there).
+template <int R>
+AVX512_FN_ALWAYS void dot_rows512_acc(const float* row, const float* x, size_t xs, int len, float* acc) {
+  __m512 a[R][2];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+    a[r][0] = _mm512_loadu_ps(acc + 32 * r);
+    a[r][1] = _mm512_loadu_ps(acc + 32 * r + 16);
+  }
+  for (int i = 0; i < len; i += 32) {
+    const __m512 w0 = _mm512_loadu_ps(row + i), w1 = _mm512_loadu_ps(row + i + 16);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      a[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * xs + i), a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * xs + i + 16), a[r][1]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + 32 * r, a[r][0]);
+    _mm512_storeu_ps(acc + 32 * r + 16, a[r][1]);
+  }
+}
+
+template <int BITS>
+AVX512_FN void rows_avx512_tiled(const Problem& p, int n0, int n1, float* row, float* acc) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+  const size_t xs = static_cast<size_t>(p.k);
+  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
+    const int t1 = std::min(n1, t0 + kTileRows);
+    std::memset(acc, 0, sizeof(float) * 32 * p.m * (t1 - t0));
+    for (int k0 = 0; k0 < p.k; k0 += kBlockK) {
+      const int len = std::min(p.k, k0 + kBlockK) - k0;
+      for (int n = t0; n < t1; ++n) {
+        const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+        const float* sr = p.s + static_cast<size_t>(n) * groups;
+        const float* br = p.b + static_cast<size_t>(n) * groups;
+        for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
+          const int g = c / chunks_per_group;
+          __m512 wv = _mm512_fmadd_ps(decode16<BITS>(wr, c), _mm512_set1_ps(sr[g]), _mm512_set1_ps(br[g]));
+          _mm512_storeu_ps(row + 16 * c - k0, wv);
+        }
+        float* an = acc + static_cast<size_t>(32) * p.m * (n - t0);
+        const float* x = p.x + k0;
+        int m = 0;
+        for (; m + 6 <= p.m; m += 6) dot_rows512_acc<6>(row, x + m * xs, xs, len, an + 32 * m);
+        switch (p.m - m) {
+          case 5: dot_rows512_acc<5>(row, x + m * xs, xs, len, an + 32 * m); break;
+          case 4: dot_rows512_acc<4>(row, x + m * xs, xs, len, an + 32 * m); break;
+          case 3: dot_rows512_acc<3>(row, x + m * xs, xs, len, an + 32 * m); break;
+          case 2: dot_rows512_acc<2>(row, x + m * xs, xs, len, an + 32 * m); break;
+          case 1: dot_rows512_acc<1>(row, x + m * xs, xs, len, an + 32 * m); break;
+          default: break;
+        }
+      }
+    }
+    for (int n = t0; n < t1; ++n) {
+      for (int m = 0; m < p.m; ++m) {
+        const float* a = acc + static_cast<size_t>(32) * (p.m * (n - t0) + m);
+        p.out[static_cast<size_t>(m) * p.n + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
+      }
+    }
+  }
+}
+
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
   if (p.m == 1) return rows_avx512_one<BITS>(p, n0, n1);
+  if (p.m <= kTiledMaxRows) {
+    thread_local std::vector<float> acc;
+    row.resize(kBlockK);
+    acc.resize(static_cast<size_t>(32) * kTileRows * p.m);
+    return rows_avx512_tiled<BITS>(p, n0, n1, row.data(), acc.data());
+  }
   row.resize(p.k);
   rows_avx512_many<BITS>(p, n0, n1, row.data());
 }
