@@ -56,8 +56,9 @@ fn main() {
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
-        // GCC 12 flags the `_mm512_undefined_epi32()` inside its own AVX-512 intrinsics.
+        // GCC 12 flags the `_mm512_undefined_*()` inside its own AVX-512 intrinsics.
         .flag_if_supported("-Wno-maybe-uninitialized")
+        .flag_if_supported("-Wno-uninitialized")
         .opt_level(2);
     // The BLAS switch (src/blas.cc) only exists where libmlx calls a separate CBLAS
     // library, i.e. the Linux wheels; macOS uses Accelerate inside libmlx.

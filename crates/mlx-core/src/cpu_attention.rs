@@ -14,12 +14,10 @@
 //! prompts keep MLX's BLAS path, which is faster for prefill). Results equal MLX's
 //! attention up to float rounding (another summation order and exp): the tests allow
 //! `|Δ| <= 1e-5` relative to the largest value. Off: `MLX_SPEC_SDPA=mlx` or [`set_enabled`].
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use mlx_sys::ffi;
 
 use crate::array::wrap;
-use crate::runtime::{Backend, backend};
+use crate::runtime::CpuKernelSwitch;
 use crate::{Array, Dtype, Result};
 
 /// Query rows (tokens of a decode step or verify window) up to which the fused kernel is
@@ -52,23 +50,13 @@ pub fn applies(q: &Array, k: &Array, v: &Array, causal: bool) -> bool {
 /// Whether the fused kernel is on: on the CPU backend unless turned off with
 /// [`set_enabled`] or `MLX_SPEC_SDPA=mlx`. Always `false` on Metal and CUDA.
 pub fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        UNSET => {
-            let on = backend() == Backend::Cpu
-                && !matches!(std::env::var("MLX_SPEC_SDPA").as_deref(), Ok("mlx") | Ok("off") | Ok("0"));
-            STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
-            on
-        }
-        s => s == ON,
-    }
+    SWITCH.enabled()
 }
 
 /// Turns the kernel on or off process-wide (benchmarks and tests compare both); `true` has
 /// no effect off the CPU backend. Returns the previous [`enabled`].
 pub fn set_enabled(on: bool) -> bool {
-    let prev = enabled();
-    STATE.store(if on && backend() == Backend::Cpu { ON } else { OFF }, Ordering::Relaxed);
-    prev
+    SWITCH.set(on)
 }
 
 /// How many attention nodes the kernel has evaluated in this process (proves a path uses it).
@@ -76,7 +64,4 @@ pub fn calls() -> u64 {
     ffi::cpu_attention_calls()
 }
 
-const UNSET: u8 = 0;
-const ON: u8 = 1;
-const OFF: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNSET);
+static SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_SDPA");

@@ -16,13 +16,11 @@
 //!
 //! Results equal MLX's `quantized_matmul` up to float rounding (another summation order):
 //! the tests allow `|Δ| <= 1e-5 * Σ_k |x_k * w_k| + 1e-6` per output element.
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use mlx_sys::ffi;
 
 use crate::array::{list, wrap};
 use crate::quant::{QuantSpec, QuantizedMatrix};
-use crate::runtime::{Backend, backend};
+use crate::runtime::CpuKernelSwitch;
 use crate::{Array, Dtype, Result};
 
 /// Bit widths the kernel handles.
@@ -104,29 +102,16 @@ pub fn supports(q: &QuantizedMatrix, x: Dtype) -> bool {
 /// with [`set_enabled`] or `MLX_SPEC_QMM=mlx` (which keeps MLX's own kernel, for
 /// comparisons). Always `false` on Metal and CUDA.
 pub fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        UNSET => {
-            let on = backend() == Backend::Cpu
-                && !matches!(std::env::var("MLX_SPEC_QMM").as_deref(), Ok("mlx") | Ok("off") | Ok("0"));
-            STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
-            on
-        }
-        s => s == ON,
-    }
+    SWITCH.enabled()
 }
 
 /// Turns the kernel on or off for quantized layers process-wide (benchmarks compare both);
 /// `true` has no effect off the CPU backend. Returns the previous [`enabled`].
 pub fn set_enabled(on: bool) -> bool {
-    let prev = enabled();
-    STATE.store(if on && backend() == Backend::Cpu { ON } else { OFF }, Ordering::Relaxed);
-    prev
+    SWITCH.set(on)
 }
 
-const UNSET: u8 = 0;
-const ON: u8 = 1;
-const OFF: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNSET);
+static SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_QMM");
 
 /// The instruction sets of the kernel, from the portable C++ up; [`isa`] reports one.
 pub const ISAS: [&str; 3] = ["portable", "avx2+fma", "avx512f"];

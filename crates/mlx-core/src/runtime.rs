@@ -180,3 +180,41 @@ pub fn info() -> RuntimeInfo {
         mlx_root: mlx_sys::MLX_ROOT,
     }
 }
+
+/// A process-wide on/off switch for one of mlx-spec's CPU kernels: on by default on the CPU
+/// backend unless its environment variable says `mlx`, `off` or `0`; never on elsewhere.
+pub(crate) struct CpuKernelSwitch {
+    env: &'static str,
+    state: std::sync::atomic::AtomicU8,
+}
+
+impl CpuKernelSwitch {
+    const UNSET: u8 = 0;
+    const ON: u8 = 1;
+    const OFF: u8 = 2;
+
+    pub(crate) const fn new(env: &'static str) -> Self {
+        Self { env, state: std::sync::atomic::AtomicU8::new(Self::UNSET) }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.state.load(Relaxed) {
+            Self::UNSET => {
+                let off = matches!(std::env::var(self.env).as_deref(), Ok("mlx") | Ok("off") | Ok("0"));
+                let on = backend() == Backend::Cpu && !off;
+                self.state.store(if on { Self::ON } else { Self::OFF }, Relaxed);
+                on
+            }
+            s => s == Self::ON,
+        }
+    }
+
+    /// Returns the previous [`CpuKernelSwitch::enabled`].
+    pub(crate) fn set(&self, on: bool) -> bool {
+        let prev = self.enabled();
+        let on = on && backend() == Backend::Cpu;
+        self.state.store(if on { Self::ON } else { Self::OFF }, std::sync::atomic::Ordering::Relaxed);
+        prev
+    }
+}

@@ -50,9 +50,12 @@ struct AttnProblem {
   int b, hq, hkv, lq, lk, d, dv;
   float scale;
   bool causal;
+
+  // The output row of batch b, head h, query i.
+  float* out_row(int b, int h, int i) const { return out + ((static_cast<int64_t>(b) * hq + h) * lq + i) * dv; }
 };
 
-// Keys query row i sees.
+// Keys query row i sees (at least 1: Lk >= 1, and Lq <= Lk when causal).
 int keys_for(const AttnProblem& p, int i) { return p.causal ? p.lk - p.lq + i + 1 : p.lk; }
 
 // Portable: one head (b, h), all its query rows.
@@ -62,11 +65,7 @@ void head_portable(const AttnProblem& p, int b, int h, std::vector<float>& s, st
   qs.resize(p.d);
   for (int i = 0; i < p.lq; ++i) {
     const int n = keys_for(p, i);
-    float* o = p.out + ((static_cast<int64_t>(b) * p.hq + h) * p.lq + i) * p.dv;
-    if (n <= 0) {
-      std::fill(o, o + p.dv, std::numeric_limits<float>::quiet_NaN());
-      continue;
-    }
+    float* o = p.out_row(b, h, i);
     const float* qr = p.q.row(b, h, i);
     for (int d = 0; d < p.d; ++d) qs[d] = qr[d] * p.scale;
     float mx = -std::numeric_limits<float>::infinity();
@@ -105,11 +104,7 @@ AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, std::vector<float>& s
   const __m256 scale = _mm256_set1_ps(p.scale);
   for (int i = 0; i < p.lq; ++i) {
     const int n = keys_for(p, i);
-    float* o = p.out + ((static_cast<int64_t>(b) * p.hq + h) * p.lq + i) * p.dv;
-    if (n <= 0) {
-      std::fill(o, o + p.dv, std::numeric_limits<float>::quiet_NaN());
-      continue;
-    }
+    float* o = p.out_row(b, h, i);
     const float* qr = p.q.row(b, h, i);
     for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(qs.data() + d, _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
     // Scores: one dot product per key (two accumulators over D).
@@ -179,6 +174,10 @@ constexpr int64_t kAttnParallelMin = 1 << 17;
 
 void compute_attention(const AttnProblem& p) {
   const int heads = p.b * p.hq;
+  if (p.lk == 0) {  // softmax over no keys: NaN, as MLX gives
+    std::fill(p.out, p.out + static_cast<int64_t>(heads) * p.lq * p.dv, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
   if (Pool::get().threads() <= 1 || heads < 2 || work < kAttnParallelMin) {
     for (int bh = 0; bh < heads; ++bh) run_head(p, bh);

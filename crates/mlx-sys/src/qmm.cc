@@ -180,6 +180,30 @@ constexpr int kTiledMaxRows = 32;
 constexpr int kTileRows = 16;
 constexpr int kBlockK = 512;  // a multiple of every group size and of 32
 
+// The tiled driver for an instruction set `T` (Avx2Tiles, Avx512Tiles): output rows
+// [n0, n1) of a product with p.m <= kTiledMaxRows activation rows.
+template <class T>
+void rows_tiled(const Problem& p, int n0, int n1) {
+  thread_local std::vector<float> row, acc;
+  row.resize(kBlockK);
+  acc.resize(static_cast<size_t>(32) * kTileRows * p.m);
+  const size_t xs = static_cast<size_t>(p.k), per_row = static_cast<size_t>(32) * p.m;
+  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
+    const int t1 = std::min(n1, t0 + kTileRows);
+    std::fill(acc.begin(), acc.begin() + per_row * (t1 - t0), 0.f);
+    for (int k0 = 0; k0 < p.k; k0 += kBlockK) {
+      const int len = std::min(p.k, k0 + kBlockK) - k0;
+      for (int n = t0; n < t1; ++n) {
+        T::dequant(p, n, k0, len, row.data());
+        T::dot(row.data(), p.x + k0, xs, len, p.m, acc.data() + per_row * (n - t0));
+      }
+    }
+    for (int n = t0; n < t1; ++n) {
+      for (int m = 0; m < p.m; ++m) p.out[m * static_cast<size_t>(p.n) + n] = T::finish(&acc[per_row * (n - t0) + 32 * m]);
+    }
+  }
+}
+
 template <int R>
 AVX2_FN_ALWAYS void dot_rows_acc(const float* row, const float* x, size_t xs, int len, float* acc) {
   __m256 a[R][kAcc];
@@ -197,51 +221,39 @@ AVX2_FN_ALWAYS void dot_rows_acc(const float* row, const float* x, size_t xs, in
     _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) _mm256_storeu_ps(acc + 32 * r + 8 * u, a[r][u]);
 }
 
+// What the shared tiled driver (`rows_tiled`, below) needs from an instruction set.
 template <int BITS>
-AVX2_FN void rows_avx2_tiled(const Problem& p, int n0, int n1, float* row, float* acc) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
-  const size_t xs = static_cast<size_t>(p.k);
-  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
-    const int t1 = std::min(n1, t0 + kTileRows);
-    std::memset(acc, 0, sizeof(float) * 32 * p.m * (t1 - t0));
-    for (int k0 = 0; k0 < p.k; k0 += kBlockK) {
-      const int len = std::min(p.k, k0 + kBlockK) - k0;
-      for (int n = t0; n < t1; ++n) {
-        const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-        const float* sr = p.s + static_cast<size_t>(n) * groups;
-        const float* br = p.b + static_cast<size_t>(n) * groups;
-        for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
-          const int g = c / chunks_per_group;
-          __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c), _mm256_set1_ps(sr[g]), _mm256_set1_ps(br[g]));
-          _mm256_storeu_ps(row + 8 * c - k0, wv);
-        }
-        float* an = acc + static_cast<size_t>(32) * p.m * (n - t0);
-        const float* x = p.x + k0;
-        int m = 0;
-        for (; m + 3 <= p.m; m += 3) dot_rows_acc<3>(row, x + m * xs, xs, len, an + 32 * m);
-        if (p.m - m == 2) dot_rows_acc<2>(row, x + m * xs, xs, len, an + 32 * m);
-        if (p.m - m == 1) dot_rows_acc<1>(row, x + m * xs, xs, len, an + 32 * m);
-      }
-    }
-    for (int n = t0; n < t1; ++n) {
-      for (int m = 0; m < p.m; ++m) {
-        const float* a = acc + static_cast<size_t>(32) * (p.m * (n - t0) + m);
-        __m256 v[kAcc] = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)};
-        p.out[static_cast<size_t>(m) * p.n + n] = finish(v);
-      }
+struct Avx2Tiles {
+  // row[0, len) = the dequantized weights [k0, k0 + len) of row n.
+  static AVX2_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
+    const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
+      const int g = c / chunks_per_group;
+      _mm256_storeu_ps(row + 8 * c - k0,
+                       _mm256_fmadd_ps(decode8<BITS>(wr, c), _mm256_set1_ps(sr[g]), _mm256_set1_ps(br[g])));
     }
   }
-}
+  // Adds row . x_r over [0, len) to the partial sums acc[32 r, 32 r + 32) of x rows r < m.
+  static AVX2_FN void dot(const float* row, const float* x, size_t xs, int len, int m, float* acc) {
+    int r = 0;
+    for (; r + 3 <= m; r += 3) dot_rows_acc<3>(row, x + r * xs, xs, len, acc + 32 * r);
+    if (m - r == 2) dot_rows_acc<2>(row, x + r * xs, xs, len, acc + 32 * r);
+    if (m - r == 1) dot_rows_acc<1>(row, x + r * xs, xs, len, acc + 32 * r);
+  }
+  // The output from one (weight row, x row)'s partial sums, as rows_avx2_one finishes.
+  static AVX2_FN float finish(const float* a) {
+    __m256 v[kAcc] = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)};
+    return mlxsys::finish(v);
+  }
+};
 
 template <int BITS>
 void rows_avx2(const Problem& p, int n0, int n1, std::vector<float>& row) {
   if (p.m == 1) return rows_avx2_one<BITS>(p, n0, n1);
-  if (p.m <= kTiledMaxRows) {
-    thread_local std::vector<float> acc;
-    row.resize(kBlockK);
-    acc.resize(static_cast<size_t>(32) * kTileRows * p.m);
-    return rows_avx2_tiled<BITS>(p, n0, n1, row.data(), acc.data());
-  }
+  if (p.m <= kTiledMaxRows) return rows_tiled<Avx2Tiles<BITS>>(p, n0, n1);
   row.resize(p.k);
   rows_avx2_many<BITS>(p, n0, n1, row.data());
 }
@@ -373,55 +385,39 @@ AVX512_FN_ALWAYS void dot_rows512_acc(const float* row, const float* x, size_t x
 }
 
 template <int BITS>
-AVX512_FN void rows_avx512_tiled(const Problem& p, int n0, int n1, float* row, float* acc) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
-  const size_t xs = static_cast<size_t>(p.k);
-  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
-    const int t1 = std::min(n1, t0 + kTileRows);
-    std::memset(acc, 0, sizeof(float) * 32 * p.m * (t1 - t0));
-    for (int k0 = 0; k0 < p.k; k0 += kBlockK) {
-      const int len = std::min(p.k, k0 + kBlockK) - k0;
-      for (int n = t0; n < t1; ++n) {
-        const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-        const float* sr = p.s + static_cast<size_t>(n) * groups;
-        const float* br = p.b + static_cast<size_t>(n) * groups;
-        for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
-          const int g = c / chunks_per_group;
-          __m512 wv = _mm512_fmadd_ps(decode16<BITS>(wr, c), _mm512_set1_ps(sr[g]), _mm512_set1_ps(br[g]));
-          _mm512_storeu_ps(row + 16 * c - k0, wv);
-        }
-        float* an = acc + static_cast<size_t>(32) * p.m * (n - t0);
-        const float* x = p.x + k0;
-        int m = 0;
-        for (; m + 6 <= p.m; m += 6) dot_rows512_acc<6>(row, x + m * xs, xs, len, an + 32 * m);
-        switch (p.m - m) {
-          case 5: dot_rows512_acc<5>(row, x + m * xs, xs, len, an + 32 * m); break;
-          case 4: dot_rows512_acc<4>(row, x + m * xs, xs, len, an + 32 * m); break;
-          case 3: dot_rows512_acc<3>(row, x + m * xs, xs, len, an + 32 * m); break;
-          case 2: dot_rows512_acc<2>(row, x + m * xs, xs, len, an + 32 * m); break;
-          case 1: dot_rows512_acc<1>(row, x + m * xs, xs, len, an + 32 * m); break;
-          default: break;
-        }
-      }
-    }
-    for (int n = t0; n < t1; ++n) {
-      for (int m = 0; m < p.m; ++m) {
-        const float* a = acc + static_cast<size_t>(32) * (p.m * (n - t0) + m);
-        p.out[static_cast<size_t>(m) * p.n + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
-      }
+struct Avx512Tiles {
+  static AVX512_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
+    const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const float* sr = p.s + static_cast<size_t>(n) * groups;
+    const float* br = p.b + static_cast<size_t>(n) * groups;
+    for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
+      const int g = c / chunks_per_group;
+      _mm512_storeu_ps(row + 16 * c - k0,
+                       _mm512_fmadd_ps(decode16<BITS>(wr, c), _mm512_set1_ps(sr[g]), _mm512_set1_ps(br[g])));
     }
   }
-}
+  static AVX512_FN void dot(const float* row, const float* x, size_t xs, int len, int m, float* acc) {
+    int r = 0;
+    for (; r + 6 <= m; r += 6) dot_rows512_acc<6>(row, x + r * xs, xs, len, acc + 32 * r);
+    switch (m - r) {
+      case 5: dot_rows512_acc<5>(row, x + r * xs, xs, len, acc + 32 * r); break;
+      case 4: dot_rows512_acc<4>(row, x + r * xs, xs, len, acc + 32 * r); break;
+      case 3: dot_rows512_acc<3>(row, x + r * xs, xs, len, acc + 32 * r); break;
+      case 2: dot_rows512_acc<2>(row, x + r * xs, xs, len, acc + 32 * r); break;
+      case 1: dot_rows512_acc<1>(row, x + r * xs, xs, len, acc + 32 * r); break;
+      default: break;
+    }
+  }
+  static AVX512_FN float finish(const float* a) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
+  }
+};
 
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
   if (p.m == 1) return rows_avx512_one<BITS>(p, n0, n1);
-  if (p.m <= kTiledMaxRows) {
-    thread_local std::vector<float> acc;
-    row.resize(kBlockK);
-    acc.resize(static_cast<size_t>(32) * kTileRows * p.m);
-    return rows_avx512_tiled<BITS>(p, n0, n1, row.data(), acc.data());
-  }
+  if (p.m <= kTiledMaxRows) return rows_tiled<Avx512Tiles<BITS>>(p, n0, n1);
   row.resize(p.k);
   rows_avx512_many<BITS>(p, n0, n1, row.data());
 }
