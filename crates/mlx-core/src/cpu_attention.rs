@@ -24,7 +24,8 @@ use crate::{Array, Dtype, Result};
 /// used; longer inputs (prompt prefill) go to MLX's BLAS-based attention.
 pub const MAX_QUERIES: i32 = 32;
 
-/// `softmax(q @ k^T * scale [+ causal mask]) @ v` in one node. Shapes: `q [B, Hq, Lq, D]`,
+/// `softmax(q @ k^T * scale [+ causal mask]) @ v` in one node (Vaswani et al. 2017, eq. 1;
+/// the semantics of `mlx.core.fast.scaled_dot_product_attention`). Shapes: `q [B, Hq, Lq, D]`,
 /// `k [B, Hkv, Lk, D]`, `v [B, Hkv, Lk, Dv]` float32 (any strides), `Hq % Hkv == 0`; output
 /// `[B, Hq, Lq, Dv]` float32. `causal`: query `i` sees keys `0 ..= Lk - Lq + i` (needs
 /// `Lq <= Lk`). Lazy.

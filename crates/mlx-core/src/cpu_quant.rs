@@ -55,7 +55,8 @@ pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix]) -> Result<Vec<A
     (0..ffi::list_len(&l)).map(|i| wrap("cpu_quantized_matmuls", ffi::list_get(&l, i))).collect()
 }
 
-/// The SwiGLU of a llama-style MLP, `silu(x @ gate^T) * (x @ up^T)` with `silu(g) = g *
+/// The SwiGLU of a llama-style MLP (Shazeer 2020, "GLU Variants Improve Transformer"; mlx-lm's
+/// `nn.silu(gate(x)) * up(x)`), `silu(x @ gate^T) * (x @ up^T)` with `silu(g) = g *
 /// sigmoid(g)`, in one graph node: `x [..., K]` float32 -> `[..., N]` float32, lazy. It
 /// replaces five nodes (two products, sigmoid, two multiplies); the result equals them up to
 /// float rounding (the kernel's own exp), and a row's result does not depend on the number of
