@@ -35,6 +35,7 @@ fn main() {
         "src/blas.cc",
         "src/qmm.cc",
         "src/attn.cc",
+        "src/fast.cc",
         "src/pool.h",
         "src/simd.h",
         "src/lib.rs",
@@ -52,9 +53,14 @@ fn main() {
         .file("src/shim.cc")
         .file("src/qmm.cc")
         .file("src/attn.cc")
+        .file("src/fast.cc")
         .include(&inc)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")
+        // fast.cc reproduces MLX's separately rounded products and sums (src/fast.cc), and
+        // includes MLX's simd math header, whose exp type-puns an int vector as floats.
+        .flag_if_supported("-ffp-contract=off")
+        .flag_if_supported("-fno-strict-aliasing")
         .flag_if_supported("-Wno-deprecated-declarations")
         // GCC 12 flags the `_mm512_undefined_*()` inside its own AVX-512 intrinsics.
         .flag_if_supported("-Wno-maybe-uninitialized")

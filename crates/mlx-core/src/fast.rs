@@ -13,6 +13,9 @@ use crate::{Array, Result};
 /// # Errors
 /// [`crate::Error::Mlx`] when `weight` is not `[H]`.
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
+    if crate::cpu_fast::applies(&[Some(x), weight]) {
+        return crate::cpu_fast::rms_norm_as("rms_norm", x, weight, eps);
+    }
     wrap("rms_norm", ffi::rms_norm(x.raw(), &list(weight), eps))
 }
 
@@ -54,6 +57,9 @@ impl Rope {
     /// # Errors
     /// [`crate::Error::Mlx`] when `dims` exceeds `D` or is odd, or `freqs` has the wrong size.
     pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        if crate::cpu_fast::applies(&[Some(x), self.freqs.as_ref()]) {
+            return crate::cpu_fast::rope_as("rope", self, x, offset);
+        }
         let has_base = self.freqs.is_none();
         wrap(
             "rope",

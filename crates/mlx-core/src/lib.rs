@@ -13,8 +13,8 @@
 //! - On the Linux CPU backend f32 is the fast dtype, and f32 matmuls go to OpenBLAS when it
 //!   is installed ([`blas_info`]); matrix-vector shapes go to its sgemv
 //!   ([`set_gemv_routing`]), 4/8-bit quantized matmuls have a fast kernel
-//!   ([`cpu_quant`]) and attention over short query windows is one fused node
-//!   ([`cpu_attention`]).
+//!   ([`cpu_quant`]), attention over short query windows is one fused node
+//!   ([`cpu_attention`]), and so are RMS norm and RoPE ([`cpu_fast`]).
 //!
 //! ```
 //! use mlx_core::{Array, Dtype, fast, quant::{self, QuantSpec}};
@@ -34,6 +34,7 @@
 
 mod array;
 pub mod cpu_attention;
+pub mod cpu_fast;
 pub mod cpu_quant;
 mod dtype;
 mod error;

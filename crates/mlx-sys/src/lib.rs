@@ -302,6 +302,19 @@ pub mod ffi {
         fn cpu_attention(q: &MxArray, k: &MxArray, v: &MxArray, scale: f32, causal: bool)
         -> Result<UniquePtr<MxArray>>;
         fn cpu_attention_calls() -> u64;
+        fn cpu_rms_norm(x: &MxArray, weight: &ArrayList, eps: f32) -> Result<UniquePtr<MxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn cpu_rope(
+            x: &MxArray,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            has_base: bool,
+            scale: f32,
+            offset: i32,
+            freqs: &ArrayList,
+        ) -> Result<UniquePtr<MxArray>>;
+        fn cpu_fast_calls() -> u64;
         fn blas_gemv_calls() -> u64;
         fn blas_set_gemv_routing(on: bool) -> bool;
     }

@@ -171,6 +171,17 @@ void cpu_qmm_set_threads(int32_t n);
 std::unique_ptr<array> cpu_attention(const array& q, const array& k, const array& v, float scale, bool causal);
 // Attention calls the primitive has evaluated since the process started.
 uint64_t cpu_attention_calls();
+// --- RMS norm and RoPE as single CPU primitives (src/fast.cc)
+// fast::rms_norm's formula, w * (x * rsqrt(mean(x^2, -1) + eps)), for float32 x [..., H] (any
+// strides) and an optional float32 weight [H] (empty list: none) -> [..., H] float32.
+std::unique_ptr<array> cpu_rms_norm(const array& x, const ArrayList& weight, float eps);
+// fast::rope's rotation of the first `dims` features of x [..., L, D] float32 at positions
+// offset + l (scaled by `scale`), frequencies from `base` (has_base) or the float32
+// `freqs [dims / 2]` -> float32, x's shape.
+std::unique_ptr<array> cpu_rope(const array& x, int32_t dims, bool traditional, float base, bool has_base, float scale,
+                                int32_t offset, const ArrayList& freqs);
+// RMS norm and RoPE calls the primitives have evaluated since the process started.
+uint64_t cpu_fast_calls();
 
 // Calls of cblas_sgemm made by libmlx (all shapes) since the process started.
 uint64_t blas_sgemm_calls();

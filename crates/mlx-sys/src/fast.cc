@@ -1,0 +1,244 @@
+// RMS norm and rotary position embedding (RoPE) as single MLX custom primitives on the CPU
+// backend (`RmsNormCpu`, `RopeCpu`).
+//
+// Why: the `mlx-cpu` wheel has no CPU evaluation of `fast::rms_norm` and `fast::rope`; both
+// fall back to their reference graphs (rms_norm: square, mean, add, rsqrt and two multiplies;
+// rope: positions, inverse frequencies, exp, cos, sin, slices, four multiplies, two
+// subtract/adds and a concatenate). A decode step of a 30-layer model builds, dispatches and
+// evaluates some 1,500 such nodes, each costing more than its arithmetic. Each primitive here
+// is one node and computes the same formulas (MLX's `fast.cpp` fallbacks, mlx 0.32):
+//   rms_norm: y = w * (x * (1 / sqrt(mean(x^2) + eps)))       per row of the last axis
+//   rope:     p = (offset + l) * scale (l: index on axis -2), inv_i = base^(-i / (dims / 2))
+//             or 1 / freqs_i, theta = p * inv_i; rotate the pairs (x_i, x_{i + dims/2})
+//             (traditional: (x_{2i}, x_{2i+1})) by theta; features past `dims` are copied.
+// Both give the fallbacks' bits: RoPE's exp, sin and cos are MLX's own element functions
+// (`mlx/backend/cpu/simd/math.h`, what its CPU unary ops call), the norm sums its squares in
+// the order of MLX's reduction on this build and multiplies by 1 / H as `mean` does, and every
+// product and sum is rounded on its own as in the separate ops (no FMA contraction: the build
+// passes -ffp-contract=off). A row's result does not depend on how many rows the call has, so
+// verify windows see exactly the values of one-token steps.
+//
+// Inputs: float32, any strides (strided views are read in place); outputs row-contiguous
+// float32 of the input's shape.
+#include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/lib.rs.h"
+
+#include <mlx/backend/cpu/encoder.h>
+// MLX's own element functions (a header; its comparisons mix signedness).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <mlx/backend/cpu/simd/simd.h>
+#pragma GCC diagnostic pop
+#include <mlx/primitives.h>
+
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mlxsys {
+namespace mx = mlx::core;
+
+namespace {
+
+std::atomic<uint64_t> g_fast_calls{0};
+
+// MLX's CPU exp, sin and cos of one float (its unary ops' element functions).
+float mlx_exp(float v) { return mx::simd::exp(mx::simd::Simd<float, 1>(v)).value; }
+float mlx_sin(float v) { return mx::simd::sin(mx::simd::Simd<float, 1>(v)).value; }
+float mlx_cos(float v) { return mx::simd::cos(mx::simd::Simd<float, 1>(v)).value; }
+
+// Offset of row r (all axes but the last, row-major order) of `a`.
+int64_t row_offset(const mx::array& a, int64_t r) {
+  int64_t off = 0;
+  for (int d = static_cast<int>(a.ndim()) - 2; d >= 0; --d) {
+    off += (r % a.shape(d)) * a.strides()[d];
+    r /= a.shape(d);
+  }
+  return off;
+}
+
+// Rows of the last axis and their length.
+int64_t rows_of(const mx::array& a) { return a.ndim() == 0 || a.shape(-1) == 0 ? 0 : a.size() / a.shape(-1); }
+
+// The common part of both primitives' evaluation: allocate the output, register the
+// arrays with the stream's encoder, run `fn(inputs, out)` on the stream thread.
+template <class Fn>
+void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out, Fn fn) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  std::vector<mx::array> ins;
+  for (auto& in : inputs) {
+    enc.set_input_array(in);
+    ins.push_back(mx::array::unsafe_weak_copy(in));
+  }
+  enc.set_output_array(out);
+  enc.dispatch([ins = std::move(ins), out = mx::array::unsafe_weak_copy(out), fn]() mutable {
+    fn(ins, out);
+    g_fast_calls.fetch_add(1, std::memory_order_relaxed);
+  });
+}
+
+class RmsNormCpu : public mx::UnaryPrimitive {
+ public:
+  RmsNormCpu(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    dispatch(stream(), inputs, out, [eps = eps_](std::vector<mx::array>& in, mx::array& out) {
+      const mx::array& x = in[0];
+      const bool has_w = in.size() > 1;
+      const int n = x.shape(-1);
+      const int64_t xs = x.strides().back();
+      const float* w = has_w ? in[1].data<float>() : nullptr;
+      const int64_t ws = has_w ? in[1].strides().back() : 0;
+      float* y = out.data<float>();
+      for (int64_t r = 0; r < rows_of(x); ++r) {
+        const float* xr = x.data<float>() + row_offset(x, r);
+        float ss = 0.f;
+        for (int i = 0; i < n; ++i) ss += xr[i * xs] * xr[i * xs];
+        const float inv = 1.f / std::sqrt(ss * (1.f / static_cast<float>(n)) + eps);
+        float* yr = y + r * n;
+        for (int i = 0; i < n; ++i) {
+          const float v = xr[i * xs] * inv;
+          yr[i] = has_w ? w[i * ws] * v : v;
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[RmsNormCpu] has no GPU evaluation; use fast::rms_norm");
+  }
+  const char* name() const override { return "RmsNormCpu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RmsNormCpu*>(&other);
+    return o && o->eps_ == eps_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  float eps_;
+};
+
+struct RopeParams {
+  int dims;
+  bool traditional;
+  float base;
+  float scale;
+  int offset;
+  bool operator==(const RopeParams& o) const {
+    return dims == o.dims && traditional == o.traditional && base == o.base && scale == o.scale && offset == o.offset;
+  }
+};
+
+class RopeCpu : public mx::UnaryPrimitive {
+ public:
+  RopeCpu(mx::Stream stream, RopeParams p) : mx::UnaryPrimitive(stream), p_(p) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    dispatch(stream(), inputs, out, [p = p_](std::vector<mx::array>& in, mx::array& out) {
+      const mx::array& x = in[0];
+      const int d = x.shape(-1), l_len = x.ndim() >= 2 ? x.shape(-2) : 1, half = p.dims / 2;
+      const int64_t xs = x.strides().back();
+      // cos/sin of every (position, frequency) of this call, shared by all heads.
+      std::vector<float> inv(half), cs(static_cast<size_t>(l_len) * half), sn(cs.size());
+      for (int i = 0; i < half; ++i) {
+        inv[i] = in.size() > 1 ? 1.f / in[1].data<float>()[i * in[1].strides().back()]
+                               : mlx_exp(static_cast<float>(-i) * (std::log(p.base) / static_cast<float>(half)));
+      }
+      for (int l = 0; l < l_len; ++l) {
+        const float pos = static_cast<float>(p.offset + l) * p.scale;
+        for (int i = 0; i < half; ++i) {
+          const float theta = pos * inv[i];
+          cs[static_cast<size_t>(l) * half + i] = mlx_cos(theta);
+          sn[static_cast<size_t>(l) * half + i] = mlx_sin(theta);
+        }
+      }
+      float* y = out.data<float>();
+      for (int64_t r = 0; r < rows_of(x); ++r) {
+        const float* xr = x.data<float>() + row_offset(x, r);
+        float* yr = y + r * d;
+        const int l = static_cast<int>(r % l_len);
+        const float* c = cs.data() + static_cast<size_t>(l) * half;
+        const float* s = sn.data() + static_cast<size_t>(l) * half;
+        for (int i = 0; i < half; ++i) {
+          const int a = p.traditional ? 2 * i : i, b = p.traditional ? 2 * i + 1 : i + half;
+          const float x1 = xr[a * xs], x2 = xr[b * xs];
+          yr[a] = x1 * c[i] - x2 * s[i];
+          yr[b] = x1 * s[i] + x2 * c[i];
+        }
+        for (int i = 2 * half; i < d; ++i) yr[i] = xr[i * xs];
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[RopeCpu] has no GPU evaluation; use fast::rope");
+  }
+  const char* name() const override { return "RopeCpu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RopeCpu*>(&other);
+    return o && o->p_ == p_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  RopeParams p_;
+};
+
+std::string dims_of(const mx::array& a) {
+  std::string r = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) r += (i ? "," : "") + std::to_string(a.shape(i));
+  return r + ")";
+}
+
+mx::Stream cpu_stream(const std::string& op) {
+  auto dev = mx::default_device();
+  if (dev != mx::Device(mx::Device::cpu)) throw std::invalid_argument(op + "the default device is not the CPU");
+  return mx::default_stream(dev);
+}
+}  // namespace
+
+std::unique_ptr<mx::array> cpu_rms_norm(const mx::array& x, const ArrayList& weight, float eps) {
+  const std::string op = "[cpu_rms_norm] ";
+  if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
+  if (x.ndim() < 1) throw std::invalid_argument(op + "x must have at least one axis");
+  std::vector<mx::array> inputs{x};
+  if (!weight.items.empty()) {
+    const mx::array& w = weight.items[0];
+    if (w.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != x.shape(-1)) {
+      throw std::invalid_argument(op + "weight must be float32 [" + std::to_string(x.shape(-1)) + "] for x " +
+                                  dims_of(x) + ", got " + dims_of(w));
+    }
+    inputs.push_back(w);
+  }
+  return std::make_unique<mx::array>(x.shape(), mx::float32, std::make_shared<RmsNormCpu>(cpu_stream(op), eps),
+                                     std::move(inputs));
+}
+
+std::unique_ptr<mx::array> cpu_rope(const mx::array& x, int32_t dims, bool traditional, float base, bool has_base,
+                                    float scale, int32_t offset, const ArrayList& freqs) {
+  const std::string op = "[cpu_rope] ";
+  if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
+  if (x.ndim() < 2) throw std::invalid_argument(op + "x must be at least 2-D [..., L, D], got " + dims_of(x));
+  if (dims <= 0 || dims % 2 != 0 || dims > x.shape(-1)) {
+    throw std::invalid_argument(op + "dims must be even and in (0, " + std::to_string(x.shape(-1)) + "], got " +
+                                std::to_string(dims));
+  }
+  if (has_base == !freqs.items.empty()) throw std::invalid_argument(op + "give exactly one of base and freqs");
+  std::vector<mx::array> inputs{x};
+  if (!has_base) {
+    const mx::array& f = freqs.items[0];
+    if (f.dtype() != mx::float32 || f.ndim() != 1 || f.shape(0) != dims / 2) {
+      throw std::invalid_argument(op + "freqs must be float32 [" + std::to_string(dims / 2) + "], got " + dims_of(f));
+    }
+    inputs.push_back(f);
+  }
+  RopeParams p{dims, traditional, has_base ? base : 0.f, scale, offset};
+  return std::make_unique<mx::array>(x.shape(), mx::float32, std::make_shared<RopeCpu>(cpu_stream(op), p),
+                                     std::move(inputs));
+}
+
+uint64_t cpu_fast_calls() { return g_fast_calls.load(std::memory_order_relaxed); }
+}  // namespace mlxsys
