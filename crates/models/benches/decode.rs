@@ -9,9 +9,9 @@
 //! Two variants run side by side in this one process:
 //! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
 //!   kernels of `mlx_core::cpu_quant`, the fused attention of `mlx_core::cpu_attention`,
-//!   pipelined decode);
+//!   the one-node RMS norm and RoPE of `mlx_core::cpu_fast`, pipelined decode);
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
-//!   `quantized_matmul` and attention), i.e. what the pip wheel gives.
+//!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives.
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `MLX_SPEC_BENCH_MODELS=dir1:dir2 cargo bench -p models --bench
@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mlx_core::{Dtype, cpu_attention, cpu_quant, eval, set_gemv_routing};
+use mlx_core::{Dtype, cpu_attention, cpu_fast, cpu_quant, eval, set_gemv_routing};
 use models::generate::{ids, prefill};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
@@ -87,6 +87,7 @@ fn set_variant(name: &str) {
     set_gemv_routing(ours);
     cpu_quant::set_enabled(ours);
     cpu_attention::set_enabled(ours);
+    cpu_fast::set_enabled(ours);
 }
 
 /// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.
