@@ -5,8 +5,8 @@
 // weights, and its cost grows linearly with the number of activation rows (a verify window
 // of 11 tokens costs ~8x one token). This kernel
 //   - decodes each packed weight row once per call and applies it to every activation row
-//     (T = 1 straight from registers; more rows through a dequantized copy of the row in
-//     L1), so a verify window costs little more than one token;
+//     (up to 4 rows straight from registers with AVX-512, 1 with AVX2; more rows through a
+//     dequantized copy of the row in L1), so a verify window costs little more than one token;
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
 //     speculative verification sees exactly the logits of plain decoding;
 //   - uses AVX-512F, else AVX2 + FMA, when the CPU has them (runtime check with
@@ -312,15 +312,23 @@ AVX512_FN_ALWAYS void decode_pair(const uint32_t* wr, int c, __m512& w0, __m512&
   }
 }
 
-// Output rows [n0, n1) for one activation row, R (1 or 2) weight rows at a time.
-template <int BITS, int R>
-AVX512_FN_ALWAYS void rows_avx512_one_r(const Problem& p, int n) {
+// Weight rows n .. n + R of M activation rows, straight from registers: each weight chunk is
+// decoded once and applied to all M rows, and each (weight row, activation row) sees the FMAs
+// of the one-row case in the same order, so small windows (M <= 8) give one-token steps'
+// bits without the tiled path's dequantized copy. Every weight row reads all M rows of x, so
+// this is the faster path only while x stays in L1/L2 (kRegisterMaxXBytes); longer rows (a
+// 1.5B model's MLP, K = 8960) go to the tiled path.
+constexpr size_t kRegisterMaxXBytes = 64 * 1024;
+template <int BITS, int R, int M>
+AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
   const float* sr = p.s + static_cast<size_t>(n) * groups;
   const float* br = p.b + static_cast<size_t>(n) * groups;
-  __m512 acc[R][2];
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const size_t xs = static_cast<size_t>(p.k);
+  __m512 acc[R][M][2];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
   for (int g = 0; g < groups; ++g) {
     __m512 sc[R], bi[R];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
@@ -329,23 +337,33 @@ AVX512_FN_ALWAYS void rows_avx512_one_r(const Problem& p, int n) {
     }
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
-      const __m512 x0 = _mm512_loadu_ps(p.x + 16 * c), x1 = _mm512_loadu_ps(p.x + 16 * c + 16);
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
         __m512 w0, w1;
         decode_pair<BITS>(wr + r * words, c, w0, w1);
-        acc[r][0] = _mm512_fmadd_ps(_mm512_fmadd_ps(w0, sc[r], bi[r]), x0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(_mm512_fmadd_ps(w1, sc[r], bi[r]), x1, acc[r][1]);
+        w0 = _mm512_fmadd_ps(w0, sc[r], bi[r]);
+        w1 = _mm512_fmadd_ps(w1, sc[r], bi[r]);
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+          acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p.x + m * xs + 16 * c), acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.x + m * xs + 16 * c + 16), acc[r][m][1]);
+        }
       }
     }
   }
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) p.out[n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      p.out[m * static_cast<size_t>(p.n) + n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+    }
 }
 
-template <int BITS>
-AVX512_FN void rows_avx512_one(const Problem& p, int n0, int n1) {
+// Output rows [n0, n1) for M activation rows: two weight rows at a time for one activation
+// row (sharing the loads of x), one at a time for more.
+template <int BITS, int M>
+AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1) {
   int n = n0;
-  for (; n + 2 <= n1; n += 2) rows_avx512_one_r<BITS, 2>(p, n);
-  if (n < n1) rows_avx512_one_r<BITS, 1>(p, n);
+  if constexpr (M == 1) {
+    for (; n + 2 <= n1; n += 2) rows_avx512_regs<BITS, 2, 1>(p, n);
+  }
+  for (; n < n1; ++n) rows_avx512_regs<BITS, 1, M>(p, n);
 }
 
 // Dot products of one dequantized row with R activation rows (same accumulation as above).
@@ -448,7 +466,18 @@ struct Avx512Tiles {
 
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
-  if (p.m == 1) return rows_avx512_one<BITS>(p, n0, n1);
+  const bool x_fits = static_cast<size_t>(p.m) * p.k * sizeof(float) <= kRegisterMaxXBytes;
+  switch (p.m == 1 || x_fits ? p.m : 0) {
+    case 1: return rows_avx512_small<BITS, 1>(p, n0, n1);
+    case 2: return rows_avx512_small<BITS, 2>(p, n0, n1);
+    case 3: return rows_avx512_small<BITS, 3>(p, n0, n1);
+    case 4: return rows_avx512_small<BITS, 4>(p, n0, n1);
+    case 5: return rows_avx512_small<BITS, 5>(p, n0, n1);
+    case 6: return rows_avx512_small<BITS, 6>(p, n0, n1);
+    case 7: return rows_avx512_small<BITS, 7>(p, n0, n1);
+    case 8: return rows_avx512_small<BITS, 8>(p, n0, n1);
+    default: break;
+  }
   if (p.m <= kTiledMaxRows) return rows_tiled<Avx512Tiles<BITS>>(p, n0, n1);
   row.resize(p.k);
   rows_avx512_many<BITS>(p, n0, n1, row.data());
