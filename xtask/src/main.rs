@@ -517,7 +517,8 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
         .env("MLX_SPEC_BENCH_MODELS", &joined)
         .env("MLX_SPEC_BENCH_OUT", &ours_path)
         .env("MLX_SPEC_BENCH_TOKENS", a.tokens.to_string())
-        .env("MLX_SPEC_BENCH_REPS", a.reps.to_string());
+        .env("MLX_SPEC_BENCH_REPS", a.reps.to_string())
+        .env("MLX_SPEC_BENCH_VARIANTS", "ours,mlx-norm-rope,mlx-kernels");
     run(c)?;
     let mut rows: Vec<serde_json::Value> = std::fs::read_to_string(&ours_path)?
         .lines()

@@ -1,8 +1,8 @@
 //! RMS norm and rotary position embedding as one graph node each on the MLX CPU backend,
 //! where the `mlx-cpu` wheel evaluates `fast::rms_norm` and `fast::rope` through their
-//! reference graphs (about 7 and 15 nodes: square, mean, rsqrt, ...; positions, exp, cos,
-//! sin, slices, products, concatenate). A decode step of a 30-layer model has 90 of these
-//! calls, and building and dispatching their ~1,500 nodes cost more than their arithmetic.
+//! reference graphs (about 7 and 22 nodes: square, mean, rsqrt, ...; positions, exp, cos,
+//! sin, slices, products, concatenate). A decode step of a 30-layer model has 121 of these
+//! calls, and building and dispatching their ~1,700 nodes cost more than their arithmetic.
 //!
 //! The primitives are written in C++ (`crates/mlx-sys/src/fast.cc`) and compute the
 //! fallbacks' formulas (mlx 0.32 `mlx/fast.cpp`):

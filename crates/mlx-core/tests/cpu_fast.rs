@@ -1,14 +1,15 @@
 //! The one-node CPU RMS norm and RoPE (`mlx_core::cpu_fast`, kernels in mlx-sys
-//! `src/fast.cc`) against MLX's own `fast::rms_norm` / `fast::rope` (their reference graphs on
-//! this backend), bit for bit, over random shapes: leading axes, rows, feature sizes, with and without a
-//! norm weight; RoPE with a base or explicit frequencies, traditional or not, `dims` below
-//! the feature size, offsets and position scales; contiguous and strided (transposed) inputs.
-//! Plus what speculative decoding relies on: a row of a multi-row call equals the same row
-//! computed alone, bit for bit.
+//! `src/fast.cc`) against MLX's own `fast::rms_norm` / `fast::rope` (their reference graphs
+//! on this backend), bit for bit, over random shapes: leading axes, rows, feature sizes,
+//! with and without a norm weight; RoPE with a base or explicit frequencies, traditional or
+//! not, `dims` below the feature size, offsets and position scales; contiguous and strided
+//! (transposed) inputs. Plus what speculative decoding relies on: a row of a multi-row call
+//! equals the same row computed alone, bit for bit.
 //!
-//! Expected: the same bits. RoPE uses MLX's own exp, sin and cos and rounds every product
-//! and sum as the fallback's separate ops do; the norm sums its squares in the order of MLX's
-//! reduction on this build and multiplies by `1 / H` as `mean` does.
+//! Why the same bits: RoPE uses MLX's own exp, sin and cos and rounds every product and sum
+//! as the fallback's separate ops do; the norm sums its squares in the order of MLX's
+//! reduction on this build (Linux x86-64 wheel: one lane) and multiplies by `1 / H` as
+//! `mean` does.
 use mlx_core::fast::{Rope, rms_norm};
 use mlx_core::random::{Key, uniform};
 use mlx_core::{Array, Dtype, cpu_fast};

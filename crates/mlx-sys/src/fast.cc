@@ -5,7 +5,7 @@
 // fall back to their reference graphs (rms_norm: square, mean, add, rsqrt and two multiplies;
 // rope: positions, inverse frequencies, exp, cos, sin, slices, four multiplies, two
 // subtract/adds and a concatenate). A decode step of a 30-layer model builds, dispatches and
-// evaluates some 1,500 such nodes, each costing more than its arithmetic. Each primitive here
+// evaluates some 1,700 such nodes, each costing more than its arithmetic. Each primitive here
 // is one node and computes the same formulas (MLX's `fast.cpp` fallbacks, mlx 0.32):
 //   rms_norm: y = w * (x * (1 / sqrt(mean(x^2) + eps)))       per row of the last axis
 //   rope:     p = (offset + l) * scale (l: index on axis -2), inv_i = base^(-i / (dims / 2))

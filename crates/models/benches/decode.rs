@@ -6,12 +6,14 @@
 //! and per verify forward: on a shared machine that measures the work, which wall time does
 //! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
 //!
-//! Two variants run side by side in this one process:
+//! The variants run side by side in this one process:
 //! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
 //!   kernels of `mlx_core::cpu_quant`, the fused attention of `mlx_core::cpu_attention`,
 //!   the one-node RMS norm and RoPE of `mlx_core::cpu_fast`, pipelined decode);
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
-//!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives.
+//!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives;
+//! - `mlx-norm-rope` (only when asked for in `MLX_SPEC_BENCH_VARIANTS`): `ours` with MLX's
+//!   RMS norm and RoPE graphs, to measure what the one-node versions give.
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `MLX_SPEC_BENCH_MODELS=dir1:dir2 cargo bench -p models --bench
@@ -83,11 +85,11 @@ fn process_cpu_ns() -> u64 {
 }
 
 fn set_variant(name: &str) {
-    let ours = name == "ours";
+    let ours = name != "mlx-kernels";
     set_gemv_routing(ours);
     cpu_quant::set_enabled(ours);
     cpu_attention::set_enabled(ours);
-    cpu_fast::set_enabled(ours);
+    cpu_fast::set_enabled(name == "ours");
 }
 
 /// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.
