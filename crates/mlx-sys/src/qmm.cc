@@ -314,10 +314,12 @@ AVX512_FN_ALWAYS void decode_pair(const uint32_t* wr, int c, __m512& w0, __m512&
 
 // Weight rows n .. n + R of M activation rows, straight from registers: each weight chunk is
 // decoded once and applied to all M rows, and each (weight row, activation row) sees the FMAs
-// of the one-row case in the same order, so small windows (M <= 8) give one-token steps'
-// bits without the tiled path's dequantized copy. Every weight row reads all M rows of x, so
-// this is the faster path only while x stays in L1/L2 (kRegisterMaxXBytes); longer rows (a
-// 1.5B model's MLP, K = 8960) go to the tiled path.
+// of the one-row case in the same order, so windows give one-token steps' bits without the
+// tiled path's dequantized copy. Windows of more than kRegisterRows rows go in groups of
+// that many. Every weight row reads all rows of its group, so this is the faster path only
+// while a group's x stays in L1/L2 (kRegisterMaxXBytes); longer rows (a 1.5B model's MLP,
+// K = 8960) go to the tiled path.
+constexpr int kRegisterRows = 8;
 constexpr size_t kRegisterMaxXBytes = 64 * 1024;
 template <int BITS, int R, int M>
 AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
@@ -466,17 +468,27 @@ struct Avx512Tiles {
 
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
-  const bool x_fits = static_cast<size_t>(p.m) * p.k * sizeof(float) <= kRegisterMaxXBytes;
-  switch (p.m == 1 || x_fits ? p.m : 0) {
-    case 1: return rows_avx512_small<BITS, 1>(p, n0, n1);
-    case 2: return rows_avx512_small<BITS, 2>(p, n0, n1);
-    case 3: return rows_avx512_small<BITS, 3>(p, n0, n1);
-    case 4: return rows_avx512_small<BITS, 4>(p, n0, n1);
-    case 5: return rows_avx512_small<BITS, 5>(p, n0, n1);
-    case 6: return rows_avx512_small<BITS, 6>(p, n0, n1);
-    case 7: return rows_avx512_small<BITS, 7>(p, n0, n1);
-    case 8: return rows_avx512_small<BITS, 8>(p, n0, n1);
-    default: break;
+  const int group = std::min(p.m, kRegisterRows);
+  if (p.m == 1 || (p.m <= kTiledMaxRows && static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes)) {
+    // Activation rows in groups of up to kRegisterRows (each group its own pass over the
+    // weight rows; a row's FMAs do not depend on its group).
+    for (int m0 = 0; m0 < p.m; m0 += kRegisterRows) {
+      Problem q = p;
+      q.m = std::min(kRegisterRows, p.m - m0);
+      q.x = p.x + static_cast<size_t>(m0) * p.k;
+      q.out = p.out + static_cast<size_t>(m0) * p.n;
+      switch (q.m) {
+        case 1: rows_avx512_small<BITS, 1>(q, n0, n1); break;
+        case 2: rows_avx512_small<BITS, 2>(q, n0, n1); break;
+        case 3: rows_avx512_small<BITS, 3>(q, n0, n1); break;
+        case 4: rows_avx512_small<BITS, 4>(q, n0, n1); break;
+        case 5: rows_avx512_small<BITS, 5>(q, n0, n1); break;
+        case 6: rows_avx512_small<BITS, 6>(q, n0, n1); break;
+        case 7: rows_avx512_small<BITS, 7>(q, n0, n1); break;
+        default: rows_avx512_small<BITS, 8>(q, n0, n1); break;
+      }
+    }
+    return;
   }
   if (p.m <= kTiledMaxRows) return rows_tiled<Avx512Tiles<BITS>>(p, n0, n1);
   row.resize(p.k);
