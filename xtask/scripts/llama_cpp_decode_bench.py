@@ -20,17 +20,10 @@ import llama_cpp
 import numpy as np
 from transformers import AutoTokenizer
 
+from other_cores import OtherCores
+
 WINDOWS = [1, 2, 4, 8, 11, 16]
-
-
-def jiffies():
-    cpu = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    busy = sum(v for i, v in enumerate(cpu) if i not in (3, 4))
-    own = os.times()
-    return busy, (own.user + own.system) * 100
-
-
-j0, t_start = jiffies(), time.perf_counter()
+others = OtherCores()
 gguf, model_dir, prompts_path = sys.argv[1], sys.argv[2], sys.argv[3]
 tokens, reps = int(sys.argv[4]), int(sys.argv[5])
 prompts = json.load(open(prompts_path))
@@ -91,5 +84,5 @@ print(json.dumps({
     "prompt_tokens": {"decode": len(decode_ids), "verify": len(verify_ids)},
     "decode_tps": decode_tps, "verify_ms": verify,
     "decode_cpu_ms_per_token": decode_cpu, "verify_cpu_ms": verify_cpu,
-    "others_cores": max(0.0, (jiffies()[0] - j0[0]) - (jiffies()[1] - j0[1])) / 100 / (time.perf_counter() - t_start),
+    "others_cores": others.value(),
 }))

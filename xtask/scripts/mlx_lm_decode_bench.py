@@ -14,17 +14,10 @@ import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from other_cores import OtherCores
+
 WINDOWS = [1, 2, 4, 8, 11, 16]
-
-
-def jiffies():
-    cpu = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    busy = sum(v for i, v in enumerate(cpu) if i not in (3, 4))
-    own = os.times()
-    return busy, (own.user + own.system) * 100
-
-
-j0, t_start = jiffies(), time.perf_counter()
+others = OtherCores()
 
 model_dir, prompts_path, tokens, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 prompts = json.load(open(prompts_path))
@@ -77,5 +70,5 @@ print(json.dumps({
     "decode_tps": decode_tps, "verify_ms": verify,
     "decode_cpu_ms_per_token": decode_cpu, "verify_cpu_ms": verify_cpu,
     "ld_preload": os.environ.get("LD_PRELOAD", ""),
-    "others_cores": max(0.0, (jiffies()[0] - j0[0]) - (jiffies()[1] - j0[1])) / 100 / (time.perf_counter() - t_start),
+    "others_cores": others.value(),
 }))
