@@ -80,12 +80,38 @@ void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array
   });
 }
 
-class RmsNormCpu : public mx::UnaryPrimitive {
+// What both primitives share: parameters (compared by is_equivalent), CPU evaluation only,
+// an output shaped like the first input.
+template <class Params>
+class SameShapeCpu : public mx::UnaryPrimitive {
  public:
-  RmsNormCpu(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+  SameShapeCpu(mx::Stream stream, Params p) : mx::UnaryPrimitive(stream), p_(p) {}
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string("[") + name() + "] has no GPU evaluation; use the mlx::core::fast op");
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SameShapeCpu*>(&other);
+    return o && o->p_ == p_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ protected:
+  Params p_;
+};
+
+struct RmsNormParams {
+  float eps;
+  bool operator==(const RmsNormParams&) const = default;
+};
+
+class RmsNormCpu : public SameShapeCpu<RmsNormParams> {
+ public:
+  using SameShapeCpu::SameShapeCpu;
+  const char* name() const override { return "RmsNormCpu"; }
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    dispatch(stream(), inputs, out, [eps = eps_](std::vector<mx::array>& in, mx::array& out) {
+    dispatch(stream(), inputs, out, [eps = p_.eps](std::vector<mx::array>& in, mx::array& out) {
       const mx::array& x = in[0];
       const bool has_w = in.size() > 1;
       const int n = x.shape(-1);
@@ -106,19 +132,6 @@ class RmsNormCpu : public mx::UnaryPrimitive {
       }
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[RmsNormCpu] has no GPU evaluation; use fast::rms_norm");
-  }
-  const char* name() const override { return "RmsNormCpu"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const RmsNormCpu*>(&other);
-    return o && o->eps_ == eps_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
-
- private:
-  float eps_;
 };
 
 struct RopeParams {
@@ -127,14 +140,13 @@ struct RopeParams {
   float base;
   float scale;
   int offset;
-  bool operator==(const RopeParams& o) const {
-    return dims == o.dims && traditional == o.traditional && base == o.base && scale == o.scale && offset == o.offset;
-  }
+  bool operator==(const RopeParams&) const = default;
 };
 
-class RopeCpu : public mx::UnaryPrimitive {
+class RopeCpu : public SameShapeCpu<RopeParams> {
  public:
-  RopeCpu(mx::Stream stream, RopeParams p) : mx::UnaryPrimitive(stream), p_(p) {}
+  using SameShapeCpu::SameShapeCpu;
+  const char* name() const override { return "RopeCpu"; }
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     dispatch(stream(), inputs, out, [p = p_](std::vector<mx::array>& in, mx::array& out) {
@@ -172,19 +184,6 @@ class RopeCpu : public mx::UnaryPrimitive {
       }
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[RopeCpu] has no GPU evaluation; use fast::rope");
-  }
-  const char* name() const override { return "RopeCpu"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const RopeCpu*>(&other);
-    return o && o->p_ == p_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
-
- private:
-  RopeParams p_;
 };
 
 std::string dims_of(const mx::array& a) {
@@ -213,7 +212,8 @@ std::unique_ptr<mx::array> cpu_rms_norm(const mx::array& x, const ArrayList& wei
     }
     inputs.push_back(w);
   }
-  return std::make_unique<mx::array>(x.shape(), mx::float32, std::make_shared<RmsNormCpu>(cpu_stream(op), eps),
+  auto prim = std::make_shared<RmsNormCpu>(cpu_stream(op), RmsNormParams{eps});
+  return std::make_unique<mx::array>(x.shape(), mx::float32, std::move(prim),
                                      std::move(inputs));
 }
 
