@@ -213,8 +213,7 @@ std::unique_ptr<mx::array> cpu_rms_norm(const mx::array& x, const ArrayList& wei
     inputs.push_back(w);
   }
   auto prim = std::make_shared<RmsNormCpu>(cpu_stream(op), RmsNormParams{eps});
-  return std::make_unique<mx::array>(x.shape(), mx::float32, std::move(prim),
-                                     std::move(inputs));
+  return std::make_unique<mx::array>(x.shape(), mx::float32, std::move(prim), std::move(inputs));
 }
 
 std::unique_ptr<mx::array> cpu_rope(const mx::array& x, int32_t dims, bool traditional, float base, bool has_base,

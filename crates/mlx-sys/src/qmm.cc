@@ -52,17 +52,24 @@ struct Problem {
   const float* b;
   float* out;
   int m, n, k, gs, bits;
+
+  int words() const { return k * bits / 32; }  // packed words per weight row
+  int groups() const { return k / gs; }        // scale groups per weight row
+  // Packed words, scales and biases of weight row n.
+  const uint32_t* w_row(int n) const { return w + static_cast<size_t>(n) * words(); }
+  const float* s_row(int n) const { return s + static_cast<size_t>(n) * groups(); }
+  const float* b_row(int n) const { return b + static_cast<size_t>(n) * groups(); }
 };
 
 // Portable: dequantize the row into `row`, then one dot product per activation row.
 void rows_portable(const Problem& p, int n0, int n1, std::vector<float>& row) {
-  const int words = p.k * p.bits / 32, groups = p.k / p.gs, per_word = 32 / p.bits;
+  const int groups = p.k / p.gs, per_word = 32 / p.bits;
   const uint32_t mask = (1u << p.bits) - 1;
   row.resize(p.k);
   for (int n = n0; n < n1; ++n) {
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
+    const uint32_t* wr = p.w_row(n);
     for (int g = 0; g < groups; ++g) {
-      float sc = p.s[static_cast<size_t>(n) * groups + g], bi = p.b[static_cast<size_t>(n) * groups + g];
+      float sc = p.s_row(n)[g], bi = p.b_row(n)[g];
       for (int i = g * p.gs; i < (g + 1) * p.gs; ++i) {
         uint32_t q = (wr[i / per_word] >> ((i % per_word) * p.bits)) & mask;
         row[i] = sc * static_cast<float>(q) + bi;
@@ -111,11 +118,10 @@ AVX2_FN_ALWAYS float finish(const __m256* acc) {
 
 template <int BITS>
 AVX2_FN void rows_avx2_one(const Problem& p, int n0, int n1) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+  const int groups = p.k / p.gs, chunks_per_group = p.gs / 8;
   for (int n = n0; n < n1; ++n) {
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
+    const uint32_t* wr = p.w_row(n);
+    const float *sr = p.s_row(n), *br = p.b_row(n);
     __m256 acc[kAcc];
     _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) acc[u] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
@@ -151,11 +157,10 @@ AVX2_FN_ALWAYS void dot_rows(const float* row, const float* x, int k, float* out
 
 template <int BITS>
 AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
+  const int groups = p.k / p.gs, chunks_per_group = p.gs / 8;
   for (int n = n0; n < n1; ++n) {
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
+    const uint32_t* wr = p.w_row(n);
+    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int g = 0; g < groups; ++g) {
       const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
       for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
@@ -226,10 +231,9 @@ template <int BITS>
 struct Avx2Tiles {
   // row[0, len) = the dequantized weights [k0, k0 + len) of row n.
   static AVX2_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
-    const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 8;
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
+    const int chunks_per_group = p.gs / 8;
+    const uint32_t* wr = p.w_row(n);
+    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
       const int g = c / chunks_per_group;
       _mm256_storeu_ps(row + 8 * c - k0,
@@ -324,9 +328,8 @@ constexpr size_t kRegisterMaxXBytes = 64 * 1024;
 template <int BITS, int R, int M>
 AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
-  const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-  const float* sr = p.s + static_cast<size_t>(n) * groups;
-  const float* br = p.b + static_cast<size_t>(n) * groups;
+  const uint32_t* wr = p.w_row(n);
+  const float *sr = p.s_row(n), *br = p.b_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
@@ -388,11 +391,10 @@ AVX512_FN_ALWAYS void dot_rows512(const float* row, const float* x, int k, float
 
 template <int BITS>
 AVX512_FN void rows_avx512_many(const Problem& p, int n0, int n1, float* row) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
+  const int groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   for (int n = n0; n < n1; ++n) {
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
+    const uint32_t* wr = p.w_row(n);
+    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int g = 0; g < groups; ++g) {
       const __m512 sc = _mm512_set1_ps(sr[g]), bi = _mm512_set1_ps(br[g]);
       for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
@@ -439,10 +441,9 @@ AVX512_FN_ALWAYS void dot_rows512_acc(const float* row, const float* x, size_t x
 template <int BITS>
 struct Avx512Tiles {
   static AVX512_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
-    const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
-    const uint32_t* wr = p.w + static_cast<size_t>(n) * words;
-    const float* sr = p.s + static_cast<size_t>(n) * groups;
-    const float* br = p.b + static_cast<size_t>(n) * groups;
+    const int chunks_per_group = p.gs / 16;
+    const uint32_t* wr = p.w_row(n);
+    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
       const int g = c / chunks_per_group;
       _mm512_storeu_ps(row + 16 * c - k0,
