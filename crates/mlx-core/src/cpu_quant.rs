@@ -72,6 +72,65 @@ pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix) -> Resu
     wrap("cpu_quantized_swiglu", ffi::list_get(&l, 0))
 }
 
+/// Dense float32 weights through the same kernels (the weights read as they are, no scales):
+/// `x [..., K]` float32 times the transpose of each `W_j [N_j, K]` float32 (`K` a multiple of
+/// 32), one float32 `[..., N_j]` per weight, lazy, in one graph node. For one-token steps and
+/// verify windows on the CPU, where MLX sends the product to BLAS `sgemm` (which packs the
+/// whole matrix for a single row); a row's result does not depend on the number of rows.
+///
+/// # Errors
+/// [`crate::Error::Mlx`] naming the problem when a dtype is not float32, `K` is not a
+/// multiple of 32, the shapes disagree, the list is empty, or the default device is not the
+/// CPU.
+pub fn dense_matmuls_t(x: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
+    let l = ffi::cpu_dense_matmuls(x.raw(), &list(weights.iter().copied()), false)
+        .map_err(|e| crate::Error::mlx("cpu_dense_matmuls", e))?;
+    (0..ffi::list_len(&l)).map(|i| wrap("cpu_dense_matmuls", ffi::list_get(&l, i))).collect()
+}
+
+/// [`swiglu_t`] for dense float32 `gate` and `up` `[N, K]`: `x [..., K]` -> `[..., N]`.
+///
+/// # Errors
+/// As [`dense_matmuls_t`], and when `gate` and `up` differ in shape.
+pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array) -> Result<Array> {
+    let l = ffi::cpu_dense_matmuls(x.raw(), &list([gate, up]), true)
+        .map_err(|e| crate::Error::mlx("cpu_dense_swiglu", e))?;
+    wrap("cpu_dense_swiglu", ffi::list_get(&l, 0))
+}
+
+/// Activation rows up to which dense products go to this kernel ([`dense_applies`]); longer
+/// inputs (prompt prefill) stay with BLAS `sgemm`, faster there.
+pub const DENSE_MAX_ROWS: usize = 32;
+
+/// Whether a dense layer should use [`dense_matmuls_t`] for `w [N, K]` and input `x`: the
+/// switch is on ([`dense_enabled`]), both are float32, `K` is a multiple of 32 and `x` has at
+/// most [`DENSE_MAX_ROWS`] rows.
+pub fn dense_applies(w: &Array, x: &Array) -> bool {
+    let (ws, xs) = (w.shape(), x.shape());
+    let rows: usize = xs[..xs.len().saturating_sub(1)].iter().map(|&d| d as usize).product();
+    dense_enabled()
+        && w.dtype() == Dtype::Float32
+        && x.dtype() == Dtype::Float32
+        && ws.len() == 2
+        && ws[1] % 32 == 0
+        && xs.last() == Some(&ws[1])
+        && rows <= DENSE_MAX_ROWS
+}
+
+/// Whether dense float32 layers should use this kernel for short inputs: on the CPU backend
+/// unless turned off with [`set_dense_enabled`] or `MLX_SPEC_DENSE=mlx` (MLX's matmul and
+/// BLAS then, for comparisons). Always `false` on Metal and CUDA.
+pub fn dense_enabled() -> bool {
+    DENSE_SWITCH.enabled()
+}
+
+/// Turns the dense path on or off process-wide; returns the previous [`dense_enabled`].
+pub fn set_dense_enabled(on: bool) -> bool {
+    DENSE_SWITCH.set(on)
+}
+
+static DENSE_SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_DENSE");
+
 /// The common spec of `mats`, or an error naming both specs.
 fn same_spec(op: &'static str, mats: &[&QuantizedMatrix]) -> Result<QuantSpec> {
     let first = mats.first().ok_or_else(|| crate::Error::Mlx { op, message: "no matrices".into() })?.spec;

@@ -294,6 +294,7 @@ pub mod ffi {
             bits: i32,
             swiglu: bool,
         ) -> Result<UniquePtr<ArrayList>>;
+        fn cpu_dense_matmuls(x: &MxArray, weights: &ArrayList, swiglu: bool) -> Result<UniquePtr<ArrayList>>;
         fn cpu_qmm_isa() -> String;
         fn cpu_qmm_limit_isa(name: &str) -> Result<String>;
         fn cpu_qmm_calls() -> u64;

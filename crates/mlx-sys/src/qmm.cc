@@ -45,7 +45,10 @@ namespace {
 
 // ---------------------------------------------------------------------------------------
 // Kernels. `x [M, K]`, `w [N, K * bits / 32]`, `s`, `b` `[N, K / gs]`, `out [M, N]`; each
-// call computes the output columns n in [n0, n1).
+// call computes the output columns n in [n0, n1). Bits 32 (kDense) means dense float32
+// weights (`w` holds their bits), no scales or biases; `gs` is then 32, a loop unit only.
+
+constexpr int kDense = 32;
 
 struct Problem {
   const float* x;
@@ -66,17 +69,18 @@ struct Problem {
 // Portable: dequantize the row into `row`, then one dot product per activation row.
 void rows_portable(const Problem& p, int n0, int n1, std::vector<float>& row) {
   const int groups = p.k / p.gs, per_word = 32 / p.bits;
-  const uint32_t mask = (1u << p.bits) - 1;
+  const uint32_t mask = p.bits == kDense ? ~0u : (1u << p.bits) - 1;
   row.resize(p.k);
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
-    for (int g = 0; g < groups; ++g) {
+    for (int g = 0; g < groups && p.bits != kDense; ++g) {
       float sc = p.s_row(n)[g], bi = p.b_row(n)[g];
       for (int i = g * p.gs; i < (g + 1) * p.gs; ++i) {
         uint32_t q = (wr[i / per_word] >> ((i % per_word) * p.bits)) & mask;
         row[i] = sc * static_cast<float>(q) + bi;
       }
     }
+    if (p.bits == kDense) std::memcpy(row.data(), wr, p.k * sizeof(float));
     for (int m = 0; m < p.m; ++m) {
       const float* xr = p.x + static_cast<size_t>(m) * p.k;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -94,13 +98,32 @@ using simd::hsum8;
 // The 8 weights q[8c .. 8c+8) of a packed row, as floats.
 template <int BITS>
 AVX2_FN_ALWAYS __m256 decode8(const uint32_t* wr, int c) {
-  if constexpr (BITS == 4) {
+  if constexpr (BITS == kDense) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(wr) + 8 * c);
+  } else if constexpr (BITS == 4) {
     const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[c])), shifts);
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
   } else {
     __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + 2 * c));
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+// `scale * q + bias` of a chunk's group, or the stored floats of dense weights; `sc`/`bi`
+// are the group's scale and bias broadcast (`group8`), unused for dense weights.
+template <int BITS>
+AVX2_FN_ALWAYS __m256 affine8(__m256 q, __m256 sc, __m256 bi) {
+  if constexpr (BITS == kDense) return q;
+  else return _mm256_fmadd_ps(q, sc, bi);
+}
+template <int BITS>
+AVX2_FN_ALWAYS void group8(const Problem& p, int n, int g, __m256& sc, __m256& bi) {
+  if constexpr (BITS != kDense) {
+    sc = _mm256_set1_ps(p.s_row(n)[g]);
+    bi = _mm256_set1_ps(p.b_row(n)[g]);
+  } else {
+    sc = bi = _mm256_setzero_ps();
   }
 }
 
@@ -123,15 +146,15 @@ AVX2_FN void rows_avx2_one(const Problem& p, int n0, int n1) {
   const int groups = p.k / p.gs, chunks_per_group = p.gs / 8;
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
-    const float *sr = p.s_row(n), *br = p.b_row(n);
     __m256 acc[kAcc];
     _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) acc[u] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
-      const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
+      __m256 sc, bi;
+      group8<BITS>(p, n, g, sc, bi);
       const int c0 = g * chunks_per_group;  // a multiple of 4: chunk c feeds acc[c % 4]
       for (int c = c0; c < c0 + chunks_per_group; c += kAcc) {
         _Pragma("GCC unroll 4") for (int u = 0; u < kAcc; ++u) {
-          __m256 wv = _mm256_fmadd_ps(decode8<BITS>(wr, c + u), sc, bi);
+          __m256 wv = affine8<BITS>(decode8<BITS>(wr, c + u), sc, bi);
           acc[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p.x + 8 * (c + u)), acc[u]);
         }
       }
@@ -162,11 +185,11 @@ AVX2_FN void rows_avx2_many(const Problem& p, int n0, int n1, float* row) {
   const int groups = p.k / p.gs, chunks_per_group = p.gs / 8;
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
-    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int g = 0; g < groups; ++g) {
-      const __m256 sc = _mm256_set1_ps(sr[g]), bi = _mm256_set1_ps(br[g]);
+      __m256 sc, bi;
+      group8<BITS>(p, n, g, sc, bi);
       for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
-        _mm256_storeu_ps(row + 8 * c, _mm256_fmadd_ps(decode8<BITS>(wr, c), sc, bi));
+        _mm256_storeu_ps(row + 8 * c, affine8<BITS>(decode8<BITS>(wr, c), sc, bi));
       }
     }
     int m = 0;
@@ -235,11 +258,10 @@ struct Avx2Tiles {
   static AVX2_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
     const int chunks_per_group = p.gs / 8;
     const uint32_t* wr = p.w_row(n);
-    const float *sr = p.s_row(n), *br = p.b_row(n);
+    __m256 sc, bi;
     for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
-      const int g = c / chunks_per_group;
-      _mm256_storeu_ps(row + 8 * c - k0,
-                       _mm256_fmadd_ps(decode8<BITS>(wr, c), _mm256_set1_ps(sr[g]), _mm256_set1_ps(br[g])));
+      group8<BITS>(p, n, c / chunks_per_group, sc, bi);
+      _mm256_storeu_ps(row + 8 * c - k0, affine8<BITS>(decode8<BITS>(wr, c), sc, bi));
     }
   }
   // Adds row . x_r over [0, len) to the partial sums acc[32 r, 32 r + 32) of x rows r < m.
@@ -292,6 +314,7 @@ AVX512_FN_ALWAYS void decode32(const uint32_t* wr, int c, __m512& even, __m512& 
 
 template <int BITS>
 AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
+  if constexpr (BITS == kDense) return _mm512_loadu_ps(reinterpret_cast<const float*>(wr) + 16 * c);
   __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * (BITS == 4 ? c / 2 : c))));
   if constexpr (BITS == 4) v = (c % 2 == 0) ? _mm512_and_si512(v, _mm512_set1_epi32(0xF)) : _mm512_srli_epi32(v, 4);
   return _mm512_cvtepi32_ps(v);
@@ -313,8 +336,24 @@ AVX512_FN_ALWAYS void decode_pair(const uint32_t* wr, int c, __m512& w0, __m512&
   if constexpr (BITS == 4) {
     decode32(wr, c, w0, w1);
   } else {
-    w0 = decode16<8>(wr, c);
-    w1 = decode16<8>(wr, c + 1);
+    w0 = decode16<BITS>(wr, c);
+    w1 = decode16<BITS>(wr, c + 1);
+  }
+}
+
+// As affine8/group8, 16 lanes.
+template <int BITS>
+AVX512_FN_ALWAYS __m512 affine16(__m512 q, __m512 sc, __m512 bi) {
+  if constexpr (BITS == kDense) return q;
+  else return _mm512_fmadd_ps(q, sc, bi);
+}
+template <int BITS>
+AVX512_FN_ALWAYS void group16(const Problem& p, int n, int g, __m512& sc, __m512& bi) {
+  if constexpr (BITS != kDense) {
+    sc = _mm512_set1_ps(p.s_row(n)[g]);
+    bi = _mm512_set1_ps(p.b_row(n)[g]);
+  } else {
+    sc = bi = _mm512_setzero_ps();
   }
 }
 
@@ -332,24 +371,20 @@ template <int BITS, int R, int M>
 AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   const uint32_t* wr = p.w_row(n);
-  const float *sr = p.s_row(n), *br = p.b_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
   for (int g = 0; g < groups; ++g) {
     __m512 sc[R], bi[R];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-      sc[r] = _mm512_set1_ps(sr[r * groups + g]);
-      bi[r] = _mm512_set1_ps(br[r * groups + g]);
-    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) group16<BITS>(p, n + r, g, sc[r], bi[r]);
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
         __m512 w0, w1;
         decode_pair<BITS>(wr + r * words, c, w0, w1);
-        w0 = _mm512_fmadd_ps(w0, sc[r], bi[r]);
-        w1 = _mm512_fmadd_ps(w1, sc[r], bi[r]);
+        w0 = affine16<BITS>(w0, sc[r], bi[r]);
+        w1 = affine16<BITS>(w1, sc[r], bi[r]);
         _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
           acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p.x + m * xs + 16 * c), acc[r][m][0]);
           acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.x + m * xs + 16 * c + 16), acc[r][m][1]);
@@ -397,11 +432,11 @@ AVX512_FN void rows_avx512_many(const Problem& p, int n0, int n1, float* row) {
   const int groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
-    const float *sr = p.s_row(n), *br = p.b_row(n);
     for (int g = 0; g < groups; ++g) {
-      const __m512 sc = _mm512_set1_ps(sr[g]), bi = _mm512_set1_ps(br[g]);
+      __m512 sc, bi;
+      group16<BITS>(p, n, g, sc, bi);
       for (int c = g * chunks_per_group; c < (g + 1) * chunks_per_group; ++c) {
-        _mm512_storeu_ps(row + 16 * c, _mm512_fmadd_ps(decode16<BITS>(wr, c), sc, bi));
+        _mm512_storeu_ps(row + 16 * c, affine16<BITS>(decode16<BITS>(wr, c), sc, bi));
       }
     }
     int m = 0;
@@ -446,11 +481,10 @@ struct Avx512Tiles {
   static AVX512_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
     const int chunks_per_group = p.gs / 16;
     const uint32_t* wr = p.w_row(n);
-    const float *sr = p.s_row(n), *br = p.b_row(n);
+    __m512 sc, bi;
     for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
-      const int g = c / chunks_per_group;
-      _mm512_storeu_ps(row + 16 * c - k0,
-                       _mm512_fmadd_ps(decode16<BITS>(wr, c), _mm512_set1_ps(sr[g]), _mm512_set1_ps(br[g])));
+      group16<BITS>(p, n, c / chunks_per_group, sc, bi);
+      _mm512_storeu_ps(row + 16 * c - k0, affine16<BITS>(decode16<BITS>(wr, c), sc, bi));
     }
   }
   static AVX512_FN void dot(const float* row, const float* x, size_t xs, int len, int m, float* acc) {
@@ -474,7 +508,10 @@ template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1, std::vector<float>& row) {
   // Activation rows in as few register groups as fit, of balanced sizes (16 -> 8 + 8).
   const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
-  if (p.m == 1 || (p.m <= kTiledMaxRows && static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes)) {
+  // Dense weights are 4-8x the bytes of quantized ones: one pass over them (the tiled path)
+  // beats one pass per group.
+  const bool register_fits = static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
+  if (p.m == 1 || (p.m <= kTiledMaxRows && register_fits && (BITS != kDense || passes == 1))) {
     // Each group is its own pass over the weight rows; a row's FMAs do not depend on its group.
     for (int m0 = 0; m0 < p.m; m0 += group) {
       Problem q = p;
@@ -544,8 +581,20 @@ int isa() {
 void run_rows(const Problem& p, int n0, int n1, int level) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
-  if (level == kAvx512) return p.bits == 4 ? rows_avx512<4>(p, n0, n1, row) : rows_avx512<8>(p, n0, n1, row);
-  if (level == kAvx2) return p.bits == 4 ? rows_avx2<4>(p, n0, n1, row) : rows_avx2<8>(p, n0, n1, row);
+  if (level == kAvx512) {
+    switch (p.bits) {
+      case 4: return rows_avx512<4>(p, n0, n1, row);
+      case 8: return rows_avx512<8>(p, n0, n1, row);
+      default: return rows_avx512<kDense>(p, n0, n1, row);
+    }
+  }
+  if (level == kAvx2) {
+    switch (p.bits) {
+      case 4: return rows_avx2<4>(p, n0, n1, row);
+      case 8: return rows_avx2<8>(p, n0, n1, row);
+      default: return rows_avx2<kDense>(p, n0, n1, row);
+    }
+  }
 #endif
   rows_portable(p, n0, n1, row);
 }
@@ -655,8 +704,12 @@ const T* contiguous(const mx::array& a, std::vector<T>& tmp) {
   return tmp.data();
 }
 
-// Inputs: x [..., K], then (w, scales, biases) per product. Outputs: one [..., N_j] per
-// product, or one [..., N] for Combine::kSwiglu.
+// Inputs per product after x: (w, scales, biases), or w alone for dense weights.
+int per_product(int bits) { return bits == kDense ? 1 : 3; }
+
+// Inputs: x [..., K], then (w, scales, biases) per product, or w alone for dense float32
+// weights (bits kDense). Outputs: one [..., N_j] per product, or one [..., N] for
+// Combine::kSwiglu.
 class QuantizedMatmulCpu : public mx::Primitive {
  public:
   QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine)
@@ -674,7 +727,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
     }
     enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
                   combine = combine_]() mutable {
-      const int products = static_cast<int>(ins.size() - 1) / 3;
+      const int per = per_product(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
       const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
       std::vector<float> xc;
@@ -682,7 +735,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
       std::vector<std::vector<uint32_t>> tmp_w(products);
       std::vector<Problem> ps;
       for (int j = 0; j < products; ++j) {
-        const mx::array& w = ins[1 + 3 * j];
+        const mx::array& w = ins[1 + per * j];
         const int n = w.shape(0);
         float* out;
         if (combine == Combine::kSwiglu) {
@@ -691,8 +744,15 @@ class QuantizedMatmulCpu : public mx::Primitive {
         } else {
           out = outs[j].data<float>();
         }
-        ps.push_back(Problem{contiguous(ins[0], xc), contiguous(w, tmp_w[j]), contiguous(ins[2 + 3 * j], tmp_f[2 * j]),
-                             contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), out, m, n, k, gs, bits});
+        Problem p{contiguous(ins[0], xc), nullptr, nullptr, nullptr, out, m, n, k, gs, bits};
+        if (bits == kDense) {
+          p.w = reinterpret_cast<const uint32_t*>(contiguous(w, tmp_f[2 * j]));
+        } else {
+          p.w = contiguous(w, tmp_w[j]);
+          p.s = contiguous(ins[2 + 3 * j], tmp_f[2 * j]);
+          p.b = contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]);
+        }
+        ps.push_back(p);
       }
       if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr);
       g_calls.fetch_add(1, std::memory_order_relaxed);
@@ -712,7 +772,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     std::vector<mx::Shape> shapes;
-    for (size_t j = 1; j < inputs.size(); j += 3) {
+    for (size_t j = 1; j < inputs.size(); j += per_product(bits_)) {
       auto shape = inputs[0].shape();
       shape.back() = inputs[j].shape(0);
       shapes.push_back(shape);
@@ -756,19 +816,36 @@ int check_matrix(const std::string& op, const mx::array& x, const mx::array& w, 
   return n;
 }
 
+// Checks a dense float32 weight [N, K] (K a multiple of 32) against x; returns N.
+int check_dense(const std::string& op, const mx::array& x, const mx::array& w) {
+  if (w.dtype() != mx::float32 || w.ndim() != 2) throw std::invalid_argument(op + "w must be a 2-D float32 array");
+  if (w.shape(1) % 32 != 0) {
+    throw std::invalid_argument(op + "w " + shape_str(w.shape()) + ": K must be a multiple of 32");
+  }
+  if (x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
+    throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(w.shape(1)));
+  }
+  return w.shape(0);
+}
+
 // The lazy outputs of products of x with the triples (w, scales, biases) of `mats`.
 std::vector<mx::array> build(const std::string& op, const mx::array& x, const std::vector<mx::array>& mats,
                              int32_t group_size, int32_t bits, Combine combine) {
-  if (bits != 4 && bits != 8) throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
+  if (bits != 4 && bits != 8 && bits != kDense) {
+    throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
+  }
+  if (bits == kDense) group_size = 32;
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   }
   if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
-  if (mats.empty() || mats.size() % 3 != 0) throw std::invalid_argument(op + "needs (w, scales, biases) triples");
+  const size_t per = per_product(bits);
+  if (mats.empty() || mats.size() % per != 0) throw std::invalid_argument(op + "needs (w, scales, biases) triples");
   std::vector<mx::Shape> shapes;
-  for (size_t j = 0; j < mats.size(); j += 3) {
+  for (size_t j = 0; j < mats.size(); j += per) {
     auto shape = x.shape();
-    shape.back() = check_matrix(op, x, mats[j], mats[j + 1], mats[j + 2], group_size, bits);
+    shape.back() = bits == kDense ? check_dense(op, x, mats[j])
+                                  : check_matrix(op, x, mats[j], mats[j + 1], mats[j + 2], group_size, bits);
     shapes.push_back(shape);
   }
   if (combine == Combine::kSwiglu) {
@@ -786,6 +863,14 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
   return mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
 }
 }  // namespace
+
+std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu) {
+  auto out = build(swiglu ? "[cpu_dense_swiglu] " : "[cpu_dense_matmuls] ", x, weights.items, 0, kDense,
+                   swiglu ? Combine::kSwiglu : Combine::kNone);
+  auto list = std::make_unique<ArrayList>();
+  list->items = std::move(out);
+  return list;
+}
 
 std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                                 const mx::array& biases, int32_t group_size, int32_t bits) {

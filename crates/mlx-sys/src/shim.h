@@ -145,7 +145,7 @@ rust::String blas_info();
 bool blas_select(rust::Str which);
 // --- fast CPU affine quantized matmul (src/qmm.cc)
 // x [..., K] @ dequantize(w, scales, biases)^T -> [..., N] float32, as a lazy MLX array whose
-// primitive (QuantizedMatmulCpu) runs an AVX2/FMA or portable kernel on the CPU stream.
+// primitive (QuantizedMatmulCpu) runs an AVX-512, AVX2/FMA or portable kernel on the CPU stream.
 // bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
 std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
                                             int32_t group_size, int32_t bits);
@@ -154,6 +154,10 @@ std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, cons
 // triples, gate and up) the single array silu(x @ gate^T) * (x @ up^T).
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
                                                  int32_t bits, bool swiglu);
+// The same kernels for dense float32 weights: x [..., K] @ w_j^T for w_j [N_j, K] float32
+// (K a multiple of 32), one [..., N_j] per weight, or with `swiglu` (gate, up) the single
+// silu(x @ gate^T) * (x @ up^T).
+std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu);
 // "avx512f", "avx2+fma" or "portable": the kernel the next evaluation uses.
 rust::String cpu_qmm_isa();
 // Caps the instruction set at `name` (one of the above; tests compare them); returns the

@@ -68,7 +68,9 @@ impl LoadContext {
 /// A quantized weight runs on the fast CPU kernel of [`mlx_core::cpu_quant`] on the CPU
 /// backend when it qualifies (4 or 8 bits, float32 activations and scales: the default
 /// `--dtype float32`), and on MLX's `quantized_matmul` otherwise (Metal, CUDA, f16/bf16,
-/// other bit widths, or `MLX_SPEC_QMM=mlx`).
+/// other bit widths, or `MLX_SPEC_QMM=mlx`). A dense float32 weight goes to the same kernel
+/// for decode steps and verify windows ([`cpu_quant::dense_applies`]) and to MLX's matmul
+/// (BLAS) otherwise.
 #[derive(Debug, Clone)]
 pub enum Linear {
     /// Dense weight `[out, in]` and optional bias `[out]`.
@@ -108,6 +110,13 @@ impl Linear {
     /// [`Error::Mlx`] when `x`'s last axis is not `in`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(match self {
+            Linear::Dense { weight, bias } if cpu_quant::dense_applies(weight, x) => {
+                let y = cpu_quant::dense_matmuls_t(x, &[weight])?.remove(0);
+                match bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                }
+            }
             Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?)?,
             Linear::Dense { weight, bias: Some(b) } => b.addmm(x, &weight.t()?, 1.0, 1.0)?,
             Linear::Quantized { weight, bias } => {
@@ -121,19 +130,36 @@ impl Linear {
     }
 }
 
-/// The quantized matrices of `linears` when all of them can go to one node of the CPU
-/// kernel (`mlx_core::cpu_quant`): all quantized with one spec, kernel on, `x`'s dtype taken.
-fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Vec<&'a QuantizedMatrix>> {
-    let mats: Vec<&QuantizedMatrix> = linears
+/// The weights of `linears` when all of them can go to one node of the CPU kernel
+/// (`mlx_core::cpu_quant`).
+enum Fusable<'a> {
+    /// All quantized with one spec, kernel on, `x`'s dtype taken.
+    Quantized(Vec<&'a QuantizedMatrix>),
+    /// All dense, each [`cpu_quant::dense_applies`].
+    Dense(Vec<&'a Array>),
+}
+
+fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
+    let quantized: Option<Vec<&QuantizedMatrix>> = linears
         .iter()
         .map(|l| match l {
             Linear::Quantized { weight, .. } => Some(weight),
             Linear::Dense { .. } => None,
         })
+        .collect();
+    if let Some(mats) = quantized {
+        let first = mats.first()?;
+        let ok = cpu_quant::enabled() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
+        return ok.then_some(Fusable::Quantized(mats));
+    }
+    let dense: Vec<&Array> = linears
+        .iter()
+        .map(|l| match l {
+            Linear::Dense { weight, .. } if cpu_quant::dense_applies(weight, x) => Some(weight),
+            _ => None,
+        })
         .collect::<Option<_>>()?;
-    let first = mats.first()?;
-    let ok = cpu_quant::enabled() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
-    ok.then_some(mats)
+    Some(Fusable::Dense(dense))
 }
 
 /// `[l.forward(x) for l in linears]`, as one graph node when [`fusable`] (a layer's q/k/v
@@ -143,29 +169,34 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Vec<&'a QuantizedMat
 /// # Errors
 /// [`Error::Mlx`] when `x`'s last axis is not the linears' `in`.
 pub fn forward_many(linears: &[&Linear], x: &Array) -> Result<Vec<Array>> {
-    let Some(mats) = fusable(linears, x) else {
-        return linears.iter().map(|l| l.forward(x)).collect();
+    let ys = match fusable(linears, x) {
+        Some(Fusable::Quantized(mats)) => cpu_quant::quantized_matmuls_t(x, &mats)?,
+        Some(Fusable::Dense(weights)) => cpu_quant::dense_matmuls_t(x, &weights)?,
+        None => return linears.iter().map(|l| l.forward(x)).collect(),
     };
-    let ys = cpu_quant::quantized_matmuls_t(x, &mats)?;
     ys.into_iter()
         .zip(linears)
         .map(|(y, l)| match l {
-            Linear::Quantized { bias: Some(b), .. } => Ok(y.add(b)?),
+            Linear::Quantized { bias: Some(b), .. } | Linear::Dense { bias: Some(b), .. } => Ok(y.add(b)?),
             _ => Ok(y),
         })
         .collect()
 }
 
 /// The SwiGLU of a llama-style MLP, `silu(gate(x)) * up(x)` (`nn.silu(gate) * up` in mlx-lm),
-/// `x [..., H] -> [..., I]`: one graph node when `gate` and `up` are bias-free quantized
-/// matrices the CPU kernel takes, else the five separate ops.
+/// `x [..., H] -> [..., I]`: one graph node when `gate` and `up` are bias-free matrices the
+/// CPU kernel takes (quantized, or dense for short inputs), else the five separate ops.
 ///
 /// # Errors
 /// [`Error::Mlx`] when `x`'s last axis is not `H`.
 pub fn swiglu(gate: &Linear, up: &Linear, x: &Array) -> Result<Array> {
-    let no_bias = |l: &Linear| matches!(l, Linear::Quantized { bias: None, .. });
-    if let (Some(m), true) = (fusable(&[gate, up], x), no_bias(gate) && no_bias(up)) {
-        return Ok(cpu_quant::swiglu_t(x, m[0], m[1])?);
+    let no_bias = |l: &Linear| matches!(l, Linear::Quantized { bias: None, .. } | Linear::Dense { bias: None, .. });
+    if no_bias(gate) && no_bias(up) {
+        match fusable(&[gate, up], x) {
+            Some(Fusable::Quantized(m)) => return Ok(cpu_quant::swiglu_t(x, m[0], m[1])?),
+            Some(Fusable::Dense(w)) => return Ok(cpu_quant::dense_swiglu_t(x, w[0], w[1])?),
+            None => {}
+        }
     }
     let g = gate.forward(x)?;
     Ok(g.multiply(&g.sigmoid()?)?.multiply(&up.forward(x)?)?)
@@ -212,6 +243,7 @@ impl Embedding {
     /// [`Error::Mlx`] when `x`'s last axis is not `H`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
+            Embedding::Dense(w) if cpu_quant::dense_applies(w, x) => cpu_quant::dense_matmuls_t(x, &[w])?.remove(0),
             Embedding::Dense(w) => x.matmul(&w.t()?)?,
             Embedding::Quantized(q) => q.matmul_t_auto(x)?,
         })

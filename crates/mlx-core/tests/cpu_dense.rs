@@ -1,0 +1,177 @@
+//! The CPU kernel for dense float32 weights (`mlx_core::cpu_quant::dense_*`, kernel in
+//! mlx-sys `src/qmm.cc` with bits = 32) against MLX's own matmul and an f64 product, over
+//! random shapes, activation rows `T` (1..=40, past the register and tiled paths), batch axes,
+//! strided inputs and every instruction-set path; windows against one-row calls bit for bit.
+//!
+//! Tolerance per output element: `|Δ| <= 1e-5 * Σ_k |x_k w_k| + 1e-6`, as for the quantized
+//! kernel (float32 rounding of a K-term dot product in another summation order).
+use mlx_core::cpu_quant::{self, dense_matmuls_t, dense_swiglu_t};
+use mlx_core::random::{Key, normal, uniform};
+use mlx_core::{Array, Dtype};
+use proptest::prelude::*;
+use std::sync::Mutex;
+
+/// The ISA setting is process-wide: one test at a time changes it.
+static SETTINGS: Mutex<()> = Mutex::new(());
+
+fn weights(ns: &[i32], k: i32, seed: u64) -> Vec<Array> {
+    ns.iter()
+        .enumerate()
+        .map(|(j, &n)| normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed + j as u64)).unwrap())
+        .collect()
+}
+
+fn bits_of(a: &Array) -> Vec<u32> {
+    a.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Runs `body` once per instruction set, with the cap restored afterwards.
+fn each_isa(cases: u32, mut body: impl FnMut(&mut proptest::test_runner::TestRunner) -> Result<(), String>) {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    for isa in cpu_quant::ISAS {
+        let prev = cpu_quant::limit_isa(isa).unwrap();
+        let mut runner =
+            proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases, ..Default::default() });
+        let result = body(&mut runner);
+        cpu_quant::limit_isa(&prev).unwrap();
+        result.unwrap_or_else(|e| panic!("isa {isa}: {e}"));
+    }
+}
+
+#[test]
+fn dense_kernel_matches_mlx_matmul() {
+    each_isa(16, |runner| {
+        let strategy = (1..300i32, 1..24i32, 1..=40i32, any::<bool>(), any::<u64>());
+        runner
+            .run(&strategy, |(n, blocks, t, strided, seed)| {
+                let k = 32 * blocks;
+                let w = &weights(&[n], k, seed)[0];
+                let x = if strided {
+                    uniform(-1.0, 1.0, &[2, k, t], Dtype::Float32, &Key::new(seed ^ 7))
+                        .unwrap()
+                        .swapaxes(-1, -2)
+                        .unwrap()
+                } else {
+                    uniform(-1.0, 1.0, &[2, t, k], Dtype::Float32, &Key::new(seed ^ 7)).unwrap()
+                };
+                let ours = dense_matmuls_t(&x, &[w]).unwrap().remove(0);
+                prop_assert_eq!(ours.shape(), vec![2, t, n]);
+                let mlx = x.matmul(&w.t().unwrap()).unwrap().to_vec::<f32>().unwrap();
+                let (xd, wd) = (x.astype(Dtype::Float64).unwrap(), w.astype(Dtype::Float64).unwrap().t().unwrap());
+                let exact = xd.matmul(&wd).unwrap().to_vec::<f64>().unwrap();
+                let mag = xd.abs().unwrap().matmul(&wd.abs().unwrap()).unwrap().to_vec::<f64>().unwrap();
+                for (i, (o, (m, (e, g)))) in
+                    ours.to_vec::<f32>().unwrap().iter().zip(mlx.iter().zip(exact.iter().zip(&mag))).enumerate()
+                {
+                    let tol = 1e-5 * g + 1e-6;
+                    prop_assert!(
+                        (*o as f64 - e).abs() <= tol,
+                        "element {}: ours {} vs exact {} (tol {})",
+                        i,
+                        o,
+                        e,
+                        tol
+                    );
+                    prop_assert!((*o as f64 - *m as f64).abs() <= 2.0 * tol, "element {}: ours {} vs MLX {}", i, o, m);
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    });
+}
+
+#[test]
+fn dense_rows_do_not_depend_on_the_window_size() {
+    each_isa(16, |runner| {
+        let strategy = (1..300i32, 1..24i32, 2..=16i32, any::<u64>());
+        runner
+            .run(&strategy, |(n, blocks, t, seed)| {
+                let k = 32 * blocks;
+                let w = &weights(&[n], k, seed)[0];
+                let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 3)).unwrap();
+                let all = dense_matmuls_t(&x, &[w]).unwrap().remove(0);
+                for r in 0..t {
+                    let one = dense_matmuls_t(&x.slice_axis(0, r, r + 1).unwrap(), &[w]).unwrap().remove(0);
+                    let row = all.slice_axis(0, r, r + 1).unwrap();
+                    prop_assert_eq!(bits_of(&one), bits_of(&row), "n {} k {} t {}: row {}", n, k, t, r);
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// One node for several weights gives exactly the separate products; the fused SwiGLU
+    /// equals MLX's ops on those products and is window independent.
+    #[test]
+    fn several_products_and_swiglu(
+        ns in prop::collection::vec(1..200i32, 2..4),
+        blocks in 1..6i32,
+        t in 1..=12i32,
+        seed in any::<u64>(),
+    ) {
+        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let k = 32 * blocks;
+        let ws = weights(&ns, k, seed);
+        let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 11)).unwrap();
+        let all = dense_matmuls_t(&x, &ws.iter().collect::<Vec<_>>()).unwrap();
+        prop_assert_eq!(all.len(), ws.len());
+        for (w, got) in ws.iter().zip(&all) {
+            prop_assert_eq!(bits_of(got), bits_of(&dense_matmuls_t(&x, &[w]).unwrap()[0]));
+        }
+        let up = weights(&[ns[0]], k, seed ^ 99).remove(0);
+        let fused = dense_swiglu_t(&x, &ws[0], &up).unwrap();
+        let g = &all[0];
+        let u = dense_matmuls_t(&x, &[&up]).unwrap().remove(0);
+        let want = g.multiply(&g.sigmoid().unwrap()).unwrap().multiply(&u).unwrap().to_vec::<f32>().unwrap();
+        for (i, (a, b)) in fused.to_vec::<f32>().unwrap().iter().zip(&want).enumerate() {
+            prop_assert!((a - b).abs() <= 1e-5 * b.abs() + 1e-6, "element {}: fused {} vs MLX ops {}", i, a, b);
+        }
+        for r in 0..t {
+            let one = dense_swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &ws[0], &up).unwrap();
+            prop_assert_eq!(bits_of(&one), bits_of(&fused.slice_axis(0, r, r + 1).unwrap()), "row {} of {}", r, t);
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_naming_the_problem() {
+    let x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
+    let w = Array::ones(&[8, 64], Dtype::Float32).unwrap();
+    let err = |r: mlx_core::Result<Vec<Array>>| r.unwrap_err().to_string();
+    let e = err(dense_matmuls_t(&x, &[&w.astype(Dtype::Float16).unwrap()]));
+    assert!(e.contains("cpu_dense_matmuls") && e.contains("float32"), "{e}");
+    let e = err(dense_matmuls_t(
+        &Array::ones(&[1, 48], Dtype::Float32).unwrap(),
+        &[&Array::ones(&[8, 48], Dtype::Float32).unwrap()],
+    ));
+    assert!(e.contains("multiple of 32"), "{e}");
+    let e = err(dense_matmuls_t(&Array::ones(&[1, 32], Dtype::Float32).unwrap(), &[&w]));
+    assert!(e.contains("must end in K = 64"), "{e}");
+    let e = err(dense_matmuls_t(&x.astype(Dtype::Bfloat16).unwrap(), &[&w]));
+    assert!(e.contains("x must be float32"), "{e}");
+    assert!(dense_matmuls_t(&x, &[]).is_err());
+    let e = dense_swiglu_t(&x, &w, &Array::ones(&[16, 64], Dtype::Float32).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("cpu_dense_swiglu") && e.contains("same number of rows"), "{e}");
+}
+
+#[test]
+fn dense_applies_to_short_float32_inputs_only() {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let w = Array::ones(&[8, 64], Dtype::Float32).unwrap();
+    let x = |rows: i32, k: i32, d: Dtype| Array::ones(&[1, rows, k], d).unwrap();
+    let max = cpu_quant::DENSE_MAX_ROWS as i32;
+    assert!(cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32)));
+    assert!(cpu_quant::dense_applies(&w, &x(max, 64, Dtype::Float32)));
+    assert!(!cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32)), "prefill stays with BLAS");
+    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Bfloat16)));
+    assert!(!cpu_quant::dense_applies(&w.astype(Dtype::Float16).unwrap(), &x(1, 64, Dtype::Float32)));
+    let w48 = Array::ones(&[8, 48], Dtype::Float32).unwrap();
+    assert!(!cpu_quant::dense_applies(&w48, &x(1, 48, Dtype::Float32)), "K must be a multiple of 32");
+    let prev = cpu_quant::set_dense_enabled(false);
+    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32)));
+    cpu_quant::set_dense_enabled(prev);
+}
