@@ -4,10 +4,17 @@
 //!
 //! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/qmm.cc`): a
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
-//! packed weight row once per call for all activation rows (a verify window of `T <= 16`
-//! tokens costs little more than one token), uses AVX-512F or AVX2 + FMA when the CPU has
-//! them (checked at run time; a portable path otherwise; see [`isa`]) and splits the output features over all cores
-//! (`MLX_SPEC_QMM_THREADS` or [`set_threads`]).
+//! packed weight row once per call for all activation rows (a verify window of `T` tokens
+//! costs a fraction of `T` one-token steps), uses AVX-512F or AVX2 + FMA when the CPU has
+//! them (checked at run time; a portable path otherwise; see [`isa`]) and splits the output
+//! features over all cores (`MLX_SPEC_QMM_THREADS` or [`set_threads`]).
+//!
+//! The same kernels take dense float32 weights ([`dense_matmuls_t`], [`dense_swiglu_t`]):
+//! MLX sends those products to BLAS (`sgemv` for one row through mlx-sys's routing, `sgemm`
+//! for windows), and OpenBLAS on a CPU it does not recognise (generic kernels) streams a
+//! one-row product at about half the memory bandwidth that two cores reach here; SmolLM2-135M
+//! f32 decode runs about 2x faster this way (`cargo xtask bench-decode`). Prompt prefill
+//! (more than [`DENSE_MAX_ROWS`] rows) stays with BLAS.
 //!
 //! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
 //! float32 activations, scales and biases (load models with `dtype = Float32`, the fast

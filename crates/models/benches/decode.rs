@@ -7,8 +7,9 @@
 //! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
 //!
 //! The variants run side by side in this one process:
-//! - `ours`: the defaults (BLAS sgemv for matrix-vector shapes, the fast CPU quantized
-//!   kernels of `mlx_core::cpu_quant`, the fused attention of `mlx_core::cpu_attention`,
+//! - `ours`: the defaults (the CPU kernels of `mlx_core::cpu_quant` for quantized products
+//!   and for dense float32 products of up to 32 rows, BLAS sgemv for other matrix-vector
+//!   shapes, the fused attention of `mlx_core::cpu_attention`,
 //!   the one-node RMS norm and RoPE of `mlx_core::cpu_fast`, pipelined decode);
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
 //!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives;
@@ -88,6 +89,7 @@ fn set_variant(name: &str) {
     let ours = name != "mlx-kernels";
     set_gemv_routing(ours);
     cpu_quant::set_enabled(ours);
+    cpu_quant::set_dense_enabled(ours);
     cpu_attention::set_enabled(ours);
     cpu_fast::set_enabled(name == "ours");
 }

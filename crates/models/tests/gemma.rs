@@ -24,8 +24,11 @@ fn int_ids(a: &Array) -> Vec<u32> {
     a.to_vec::<i32>().unwrap().iter().map(|&t| t as u32).collect()
 }
 
+/// Logits are of scale ~1.5. The tolerance covers another summation order: dense products of
+/// short inputs run on mlx-spec's CPU kernel (`mlx_core::cpu_quant::dense_matmuls_t`), mlx-lm's
+/// on BLAS; measured max |diff| 1.24e-5 (`gemma4_plain`), 5.4e-6 with `MLX_SPEC_DENSE=mlx`.
 fn check(name: &str, family: Family, rollback: usize) {
-    const TOL: f32 = 1e-5;
+    const TOL: f32 = 2e-5;
     let dir = case_dir(name);
     let model = load_model(&dir, &LoadOptions::default()).unwrap();
     assert_eq!(model.family, family);
@@ -36,6 +39,7 @@ fn check(name: &str, family: Family, rollback: usize) {
         let mut cache = model.make_cache_with_rollback(rollback);
         let logits = model.forward(&ids(&prompt).unwrap(), &mut cache).unwrap();
         let d = max_diff(&logits, g.get(&format!("logits_{i}")).unwrap());
+        eprintln!("{name} prompt {i}: full-forward logits differ by {d:.2e}");
         assert!(d <= TOL, "{name} prompt {i}: full-forward logits differ by {d}");
         assert_eq!(cache.offset(), n);
 
@@ -117,6 +121,6 @@ fn gemma4_taps_come_from_the_same_graph_as_the_logits() {
         assert_eq!(t.shape(), vec![1, prompt.len() as i32, 64]);
     }
     let d = max_diff(&out.logits, g.get("logits_1").unwrap());
-    assert!(d <= 1e-5, "logits with taps differ by {d}");
+    assert!(d <= 2e-5, "logits with taps differ by {d}");
     assert!(model.forward_with_taps(&ids(&prompt).unwrap(), &mut model.make_cache(), &[6]).is_err());
 }
