@@ -1,5 +1,7 @@
-//! Throughput of the CPU quantized-matmul kernel on SmolLM2-135M's shapes: best-of-N wall
-//! time per product and the multiply-adds per second it implies, for T activation rows.
+//! Throughput of the CPU quantized-matmul kernel on SmolLM2-135M's shapes (random weights,
+//! group size 32): best-of-N wall time per product (one evaluated graph node, so ~20 us of
+//! dispatch is included) and the multiply-adds per second it implies, for T activation rows:
+//! `cargo run --release -p models --example qmm_profile -- [T,T,..]` (default 1,8,11,16).
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, quantize};

@@ -1,8 +1,10 @@
 //! Splits the cost of a verify window into its quantized products and the rest:
-//! `cargo run --release -p models --example window_profile -- DIR`. Times (median ms) one
-//! forward of T tokens over a 100-token cache, and the same model's quantized products
-//! alone (every layer's q/k/v, o, gate/up, down and the LM head, one graph), for T in
-//! 1, 4, 8, 11, 16.
+//! `cargo run --release -p models --example window_profile -- DIR [T,T,..]`. Times (median
+//! of 15, ms) one forward of T tokens over a 100-token cache of the model in DIR, and, as one
+//! graph, the products of a SmolLM2-135M-shaped layer stack on random weights (30 layers of
+//! 4-bit g32 q/k/v, o, gate/up and down, and an 8-bit 49152 x 576 head), for T in 1, 2, 4,
+//! 8, 11, 16 by default. "rest" is the difference: norms, RoPE, attention, cache writes,
+//! residual adds and per-node dispatch (meaningful for SmolLM2 4-bit directories).
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, QuantizedMatrix, quantize};
