@@ -646,7 +646,8 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out) {
   const int level = isa();
   const Problem& p0 = ps[0];
   // The SIMD kernels read x from a 64-byte aligned copy: a 16-lane load that straddles two
-  // cache lines costs two, and x is read once per weight row (measured: ~1.4x kernel speed).
+  // cache lines costs two, and x is read once per weight row (measured, interleaved runs: windows
+  // of 11 rows 1.25x faster; one-row products unchanged).
   thread_local std::vector<float> x_copy;
   if (level >= kAvx2) {
     const size_t len = static_cast<size_t>(p0.m) * p0.k;

@@ -1,6 +1,6 @@
 //! Splits the cost of a verify window into its quantized products and the rest:
-//! `cargo run --release -p models --example window_profile -- DIR [T,T,..]`. Times (median
-//! of 15, ms) one forward of T tokens over a 100-token cache of the model in DIR, and, as one
+//! `cargo run --release -p models --example window_profile -- DIR [T,T,.. [PROMPT_LEN]]`. Times
+//! (median of 15, ms) one forward of T tokens over a cache of PROMPT_LEN (100) tokens of the model in DIR, and, as one
 //! graph, the products of a SmolLM2-135M-shaped layer stack on random weights (30 layers of
 //! 4-bit g32 q/k/v, o, gate/up and down, and an 8-bit 49152 x 576 head), for T in 1, 2, 4,
 //! 8, 11, 16 by default. "rest" is the difference: norms, RoPE, attention, cache writes,
@@ -20,7 +20,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let dir = std::env::args().nth(1).expect("model directory");
     let model = load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
-    let prompt: Vec<u32> = (0..100).map(|i| 100 + i * 7).collect();
+    let prompt_len: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(100);
+    let prompt: Vec<u32> = (0..prompt_len).map(|i| 100 + i * 7).collect();
     let (h, inter, kv, layers, vocab) = (576, 1536, 192, 30, 49152);
     let key = random::Key::new(1);
     let mat = |n: i32, k: i32, bits: i32| -> QuantizedMatrix {
