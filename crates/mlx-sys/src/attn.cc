@@ -58,12 +58,12 @@ struct AttnProblem {
 // Keys query row i sees (at least 1: Lk >= 1, and Lq <= Lk when causal).
 int keys_for(const AttnProblem& p, int i) { return p.causal ? p.lk - p.lq + i + 1 : p.lk; }
 
-// Portable: one head (b, h), all its query rows.
-void head_portable(const AttnProblem& p, int b, int h, std::vector<float>& s, std::vector<float>& qs) {
+// Portable: one head (b, h), its query rows [i0, i1).
+void head_portable(const AttnProblem& p, int b, int h, int i0, int i1, std::vector<float>& s, std::vector<float>& qs) {
   const int kvh = h / (p.hq / p.hkv);
   s.resize(p.lk);
   qs.resize(p.d);
-  for (int i = 0; i < p.lq; ++i) {
+  for (int i = i0; i < i1; ++i) {
     const int n = keys_for(p, i);
     float* o = p.out_row(b, h, i);
     const float* qr = p.q.row(b, h, i);
@@ -95,14 +95,15 @@ using simd::exp_nonpositive;
 using simd::hmax8;
 using simd::hsum8;
 
-// One head (b, h), all its query rows; D and Dv multiples of 8. `s` holds the scores padded
+// One head (b, h), its query rows [i0, i1); D and Dv multiples of 8. `s` holds the scores padded
 // to a multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
-AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, std::vector<float>& s, std::vector<float>& qs) {
+AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, int i0, int i1, std::vector<float>& s,
+                       std::vector<float>& qs) {
   const int kvh = h / (p.hq / p.hkv);
   s.resize((p.lk + 7) / 8 * 8);
   qs.resize(p.d);
   const __m256 scale = _mm256_set1_ps(p.scale);
-  for (int i = 0; i < p.lq; ++i) {
+  for (int i = i0; i < i1; ++i) {
     const int n = keys_for(p, i);
     float* o = p.out_row(b, h, i);
     const float* qr = p.q.row(b, h, i);
@@ -160,13 +161,14 @@ bool attn_cpu_has_avx2() { return false; }
 
 std::atomic<uint64_t> g_attn_calls{0};
 
-void run_head(const AttnProblem& p, int bh) {
+// Query rows [i0, i1) of head bh = b * Hq + h.
+void run_rows(const AttnProblem& p, int bh, int i0, int i1) {
   thread_local std::vector<float> s, qs;
   const int b = bh / p.hq, h = bh % p.hq;
 #ifdef MLXSYS_X86
-  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return head_avx2(p, b, h, s, qs);
+  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return head_avx2(p, b, h, i0, i1, s, qs);
 #endif
-  head_portable(p, b, h, s, qs);
+  head_portable(p, b, h, i0, i1, s, qs);
 }
 
 // Multiply-adds per call below which one thread does all heads.
@@ -179,11 +181,13 @@ void compute_attention(const AttnProblem& p) {
     return;
   }
   const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
-  if (Pool::get().threads() <= 1 || heads < 2 || work < kAttnParallelMin) {
-    for (int bh = 0; bh < heads; ++bh) run_head(p, bh);
+  if (Pool::get().threads() <= 1 || heads * p.lq < 2 || work < kAttnParallelMin) {
+    for (int bh = 0; bh < heads; ++bh) run_rows(p, bh, 0, p.lq);
     return;
   }
-  Pool::get().run(heads, [&](int bh) { run_head(p, bh); }, Pool::Linger::kShort);
+  // One task per (head, query row): a verify window's rows balance the threads where whole
+  // heads (9 over 2 threads for SmolLM2) would not. A row's result does not depend on the split.
+  Pool::get().run(heads * p.lq, [&](int t) { run_rows(p, t / p.lq, t % p.lq, t % p.lq + 1); }, Pool::Linger::kShort);
 }
 
 // The view of a 4-D input; a last axis that is not contiguous is copied to `tmp` first.
