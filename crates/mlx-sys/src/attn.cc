@@ -95,6 +95,39 @@ using simd::exp_nonpositive;
 using simd::hmax8;
 using simd::hsum8;
 
+// The 8 partial sums of q . k over D (a multiple of 8), two accumulators: a0 takes chunks
+// 0, 2, 4, .., a1 chunks 1, 3, ..; returns a0 + a1 (hsum8 of it is the dot product).
+AVX2_FN_ALWAYS __m256 key_dot(const float* q, const float* k, int d_len) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int d = 0;
+  for (; d + 16 <= d_len; d += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+  }
+  if (d < d_len) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+  return _mm256_add_ps(a0, a1);
+}
+
+// [hsum8(v[0]), .., hsum8(v[7])] with hsum8's additions in hsum8's order: lanes l and l + 4,
+// then lanes 0 + 2 and 1 + 3 of that, then 0 + 1 (IEEE addition is commutative, so only
+// the pairing matters). Three transposing add steps instead of eight reductions.
+AVX2_FN_ALWAYS __m256 hsum8x8(const __m256* v) {
+  __m256 w[4];  // w[i] = [v[2i].lo + v[2i].hi | v[2i+1].lo + v[2i+1].hi]
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+    w[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // u01 lanes: [u0_0 u0_1 u2_0 u2_1 | u1_0 u1_1 u3_0 u3_1], u_j = (w_j[0] + w_j[2], w_j[1] + w_j[3])
+  const __m256 u01 = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 u45 = _mm256_add_ps(_mm256_shuffle_ps(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // [s0 s2 s4 s6 | s1 s3 s5 s7], s_j = u_j[0] + u_j[1]
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u01, u45, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(u01, u45, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // One head (b, h), its query rows [i0, i1); D and Dv multiples of 8. `s` holds the scores padded
 // to a multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
 AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, int i0, int i1, std::vector<float>& s,
@@ -108,18 +141,15 @@ AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, int i0, int i1, std::
     float* o = p.out_row(b, h, i);
     const float* qr = p.q.row(b, h, i);
     for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(qs.data() + d, _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
-    // Scores: one dot product per key (two accumulators over D).
-    for (int j = 0; j < n; ++j) {
-      const float* kr = p.k.row(b, kvh, j);
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      int d = 0;
-      for (; d + 16 <= p.d; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d), _mm256_loadu_ps(kr + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d + 8), _mm256_loadu_ps(kr + d + 8), a1);
-      }
-      if (d < p.d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs.data() + d), _mm256_loadu_ps(kr + d), a0);
-      s[j] = hsum8(_mm256_add_ps(a0, a1));
+    // Scores: one dot product per key (two accumulators over D), 8 keys at a time reduced
+    // together (hsum8x8: the same additions as hsum8, so the same bits as one at a time).
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+      __m256 dots[8];
+      _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) dots[u] = key_dot(qs.data(), p.k.row(b, kvh, j + u), p.d);
+      _mm256_storeu_ps(s.data() + j, hsum8x8(dots));
     }
+    for (; j < n; ++j) s[j] = hsum8(key_dot(qs.data(), p.k.row(b, kvh, j), p.d));
     const int padded = (n + 7) / 8 * 8;
     for (int j = n; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
     __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());

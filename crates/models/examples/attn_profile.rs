@@ -1,0 +1,25 @@
+//! Cost of the fused CPU attention on SmolLM2-135M's shapes (9 query heads, 3 KV heads,
+//! D = 64) for a verify window of T queries over a cache of L keys, 30 layers' worth as one
+//! graph: `cargo run --release -p models --example attn_profile -- [L]` (best of 20, ms).
+use std::time::Instant;
+
+use mlx_core::{Array, Dtype, cpu_attention, eval, random};
+
+fn main() {
+    let lk: i32 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(400);
+    let key = random::Key::new(3);
+    for t in [1, 11] {
+        let n = |s: &[i32]| random::normal(s, Dtype::Float32, 0.0, 1.0, &key).unwrap();
+        let (q, k, v) = (n(&[1, 9, t, 64]), n(&[1, 3, lk + t, 64]), n(&[1, 3, lk + t, 64]));
+        eval(&[&q, &k, &v]).unwrap();
+        let mut best = f64::MAX;
+        for _ in 0..20 {
+            let t0 = Instant::now();
+            let outs: Vec<Array> =
+                (0..30).map(|_| cpu_attention::attention(&q, &k, &v, 0.125, t > 1).unwrap()).collect();
+            eval(&outs.iter().collect::<Vec<_>>()).unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!("T={t:2}, {} keys: 30 layers {:.2} ms", lk + t, best * 1e3);
+    }
+}
