@@ -124,6 +124,19 @@ pub fn dense_applies(w: &Array, x: &Array) -> bool {
         && rows <= DENSE_MAX_ROWS
 }
 
+/// `x [..., K] @ w^T` for a dense `w [N, K]`: `[..., N]` in `x`'s dtype, lazy, with the
+/// fastest kernel for the input: [`dense_matmuls_t`] when [`dense_applies`], else MLX's
+/// matmul (BLAS). The dense counterpart of [`QuantizedMatrix::matmul_t_auto`].
+///
+/// # Errors
+/// [`crate::Error::Mlx`] when `x`'s last axis is not `K`.
+pub fn dense_matmul_t_auto(x: &Array, w: &Array) -> Result<Array> {
+    if dense_applies(w, x) {
+        return Ok(dense_matmuls_t(x, &[w])?.remove(0));
+    }
+    x.matmul(&w.t()?)
+}
+
 /// Whether dense float32 layers should use this kernel for short inputs: on the CPU backend
 /// unless turned off with [`set_dense_enabled`] or `MLX_SPEC_DENSE=mlx` (MLX's matmul and
 /// BLAS then, for comparisons). Always `false` on Metal and CUDA.

@@ -175,3 +175,22 @@ fn dense_applies_to_short_float32_inputs_only() {
     assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32)));
     cpu_quant::set_dense_enabled(prev);
 }
+
+#[test]
+fn auto_takes_the_kernel_for_short_inputs_and_blas_for_long_ones() {
+    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let w = &weights(&[40], 64, 5)[0];
+    for rows in [1, cpu_quant::DENSE_MAX_ROWS as i32 + 8] {
+        let x = uniform(-1.0, 1.0, &[rows, 64], Dtype::Float32, &Key::new(6)).unwrap();
+        let before = cpu_quant::calls();
+        let got = cpu_quant::dense_matmul_t_auto(&x, w).unwrap();
+        let want = if cpu_quant::dense_applies(w, &x) {
+            dense_matmuls_t(&x, &[w]).unwrap().remove(0)
+        } else {
+            x.matmul(&w.t().unwrap()).unwrap()
+        };
+        assert_eq!(bits_of(&got), bits_of(&want), "{rows} rows");
+        let kernel = cpu_quant::calls() > before;
+        assert_eq!(kernel, rows as usize <= cpu_quant::DENSE_MAX_ROWS, "{rows} rows: kernel used = {kernel}");
+    }
+}

@@ -796,6 +796,12 @@ std::string shape_str(const mx::Shape& s) {
 }  // namespace
 
 namespace {
+void check_x(const std::string& op, const mx::array& x, int k) {
+  if (x.ndim() < 1 || x.shape(-1) != k) {
+    throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(k));
+  }
+}
+
 // Checks one (w, scales, biases) triple against the call's bits, group size and x; returns N.
 int check_matrix(const std::string& op, const mx::array& x, const mx::array& w, const mx::array& scales,
                  const mx::array& biases, int32_t group_size, int32_t bits) {
@@ -811,9 +817,7 @@ int check_matrix(const std::string& op, const mx::array& x, const mx::array& w, 
                                 std::to_string(n) + "," + std::to_string(k / group_size) + "), got " +
                                 shape_str(scales.shape()) + " and " + shape_str(biases.shape()));
   }
-  if (x.ndim() < 1 || x.shape(-1) != k) {
-    throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(k));
-  }
+  check_x(op, x, k);
   return n;
 }
 
@@ -823,10 +827,14 @@ int check_dense(const std::string& op, const mx::array& x, const mx::array& w) {
   if (w.shape(1) % 32 != 0) {
     throw std::invalid_argument(op + "w " + shape_str(w.shape()) + ": K must be a multiple of 32");
   }
-  if (x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
-    throw std::invalid_argument(op + "x " + shape_str(x.shape()) + " must end in K = " + std::to_string(w.shape(1)));
-  }
+  check_x(op, x, w.shape(1));
   return w.shape(0);
+}
+
+std::unique_ptr<ArrayList> as_list(std::vector<mx::array> arrays) {
+  auto list = std::make_unique<ArrayList>();
+  list->items = std::move(arrays);
+  return list;
 }
 
 // The lazy outputs of products of x with the triples (w, scales, biases) of `mats`.
@@ -841,7 +849,9 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
   }
   if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
   const size_t per = per_product(bits);
-  if (mats.empty() || mats.size() % per != 0) throw std::invalid_argument(op + "needs (w, scales, biases) triples");
+  if (mats.empty() || mats.size() % per != 0) {
+    throw std::invalid_argument(op + (bits == kDense ? "needs at least one weight" : "needs (w, scales, biases) triples"));
+  }
   std::vector<mx::Shape> shapes;
   for (size_t j = 0; j < mats.size(); j += per) {
     auto shape = x.shape();
@@ -866,11 +876,8 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
 }  // namespace
 
 std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu) {
-  auto out = build(swiglu ? "[cpu_dense_swiglu] " : "[cpu_dense_matmuls] ", x, weights.items, 0, kDense,
-                   swiglu ? Combine::kSwiglu : Combine::kNone);
-  auto list = std::make_unique<ArrayList>();
-  list->items = std::move(out);
-  return list;
+  return as_list(build(swiglu ? "[cpu_dense_swiglu] " : "[cpu_dense_matmuls] ", x, weights.items, 0, kDense,
+                       swiglu ? Combine::kSwiglu : Combine::kNone));
 }
 
 std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -881,11 +888,8 @@ std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::ar
 
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
                                                  int32_t bits, bool swiglu) {
-  auto out = build(swiglu ? "[cpu_quantized_swiglu] " : "[cpu_quantized_matmuls] ", x, mats.items, group_size, bits,
-                   swiglu ? Combine::kSwiglu : Combine::kNone);
-  auto list = std::make_unique<ArrayList>();
-  list->items = std::move(out);
-  return list;
+  return as_list(build(swiglu ? "[cpu_quantized_swiglu] " : "[cpu_quantized_matmuls] ", x, mats.items, group_size,
+                       bits, swiglu ? Combine::kSwiglu : Combine::kNone));
 }
 
 rust::String cpu_qmm_isa() { return rust::String(kIsaNames[isa()]); }

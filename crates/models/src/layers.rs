@@ -109,23 +109,16 @@ impl Linear {
     /// # Errors
     /// [`Error::Mlx`] when `x`'s last axis is not `in`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(match self {
-            Linear::Dense { weight, bias } if cpu_quant::dense_applies(weight, x) => {
-                let y = cpu_quant::dense_matmuls_t(x, &[weight])?.remove(0);
-                match bias {
-                    Some(b) => y.add(b)?,
-                    None => y,
-                }
+        let (y, bias) = match self {
+            Linear::Dense { weight, bias: Some(b) } if !cpu_quant::dense_applies(weight, x) => {
+                return Ok(b.addmm(x, &weight.t()?, 1.0, 1.0)?);
             }
-            Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?)?,
-            Linear::Dense { weight, bias: Some(b) } => b.addmm(x, &weight.t()?, 1.0, 1.0)?,
-            Linear::Quantized { weight, bias } => {
-                let y = weight.matmul_t_auto(x)?;
-                match bias {
-                    Some(b) => y.add(b)?,
-                    None => y,
-                }
-            }
+            Linear::Dense { weight, bias } => (cpu_quant::dense_matmul_t_auto(x, weight)?, bias),
+            Linear::Quantized { weight, bias } => (weight.matmul_t_auto(x)?, bias),
+        };
+        Ok(match bias {
+            Some(b) => y.add(b)?,
+            None => y,
         })
     }
 }
@@ -243,8 +236,7 @@ impl Embedding {
     /// [`Error::Mlx`] when `x`'s last axis is not `H`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            Embedding::Dense(w) if cpu_quant::dense_applies(w, x) => cpu_quant::dense_matmuls_t(x, &[w])?.remove(0),
-            Embedding::Dense(w) => x.matmul(&w.t()?)?,
+            Embedding::Dense(w) => cpu_quant::dense_matmul_t_auto(x, w)?,
             Embedding::Quantized(q) => q.matmul_t_auto(x)?,
         })
     }
