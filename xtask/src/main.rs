@@ -115,6 +115,20 @@ struct BenchSpecArgs {
     /// Compute dtype of both models.
     #[arg(long, default_value = "float32")]
     dtype: String,
+    /// Sampling temperature of every arm (0 = greedy). Above 0 each prompt is sampled with
+    /// its own seed, the outputs must still equal plain decoding's (exact match), and a
+    /// `<arm>-greedy-draft` arm per draft model shows acceptance without coupled drafting.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Nucleus sampling mass (with --temp).
+    #[arg(long, default_value_t = 0.0)]
+    top_p: f32,
+    /// Top-k filter (with --temp).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Min-p filter (with --temp).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` for the mlx-lm arms (skipped without it).
     #[arg(long)]
     python: Option<String>,
@@ -650,7 +664,13 @@ fn bench_spec(a: BenchSpecArgs) -> Result<()> {
     if let Some(b) = &a.draft_b {
         c.arg("--draft-b").arg(absolute(b)?);
     }
+    c.args(["--temp", &a.temp.to_string(), "--top-p", &a.top_p.to_string()]);
+    c.args(["--top-k", &a.top_k.to_string(), "--min-p", &a.min_p.to_string()]);
     run(c)?;
+    if a.temp > 0.0 && a.python.is_some() {
+        println!("(mlx-lm arms skipped: they run greedy only)");
+        return Ok(());
+    }
     let Some(python) = &a.python else {
         println!("(mlx-lm arms skipped: pass --python PY with mlx-lm installed)");
         return Ok(());

@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
-use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
+use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{Acceptance, DraftProvider, SpecOptions, SpecStats, speculative_generate};
 
 use crate::{import_progress, parse_dtype};
@@ -321,10 +321,9 @@ fn load_drafter(
                 Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
             check_tokenizers(&draft_tok, target_tok, &dir.display().to_string(), &target_dir.display().to_string())?;
             let model = load_model(dir, load).with_context(|| format!("loading draft model {}", dir.display()))?;
-            // Under the rejection rule the draft model samples its drafts and exposes q.
-            let sampling =
-                if acceptance == Acceptance::Rejection { DraftSampling::Request } else { DraftSampling::Greedy };
-            let provider = TwoModelProvider::new(model, dir.display().to_string()).with_sampling(sampling);
+            // The draft model samples as the request does (greedy at temperature 0), with the
+            // target's per-step keys: coupled drafts under exact match, q for the rejection rule.
+            let provider = TwoModelProvider::new(model, dir.display().to_string());
             let n = n.unwrap_or(spec::two_model::DEFAULT_NUM_DRAFT_TOKENS);
             Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
         }

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 
 use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
 use mlx_core::{Array, Dtype, concatenate};
-use models::LoadOptions;
 use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
 use models::weights::{Weights, weight_files};
+use models::{LoadOptions, Sampler};
 
 use crate::config::{Architecture, DrafterConfig};
 use crate::{Error, Result};
@@ -133,7 +133,8 @@ pub struct Proposal {
     /// confidence is below the threshold (all of them when the threshold is 0 or there is no
     /// confidence head).
     pub drafts: Vec<u32>,
-    /// All `B` greedy drafts of the block.
+    /// All `B` drafts of the block (greedy, or drawn by the sampler of
+    /// [`Drafter::propose_sampled`]).
     pub all_drafts: Vec<u32>,
     /// The block pass.
     pub block: BlockOutput,
@@ -508,16 +509,38 @@ impl Drafter {
         Ok(Some(w1.forward(&Array::from_slice(&ids, &[ids.len() as i32])?)?.astype(self.dtype)?))
     }
 
-    /// One draft call: [`Drafter::forward_block`], base logits, the sequential greedy Markov
-    /// walk (`z_k = U_k + W2 W1[prev_k]`, `d_k = argmax z_k`, first maximum on ties), the
-    /// confidence head on `[h_k; W1[prev_k]]` with `prev = [anchor, d_0 .. d_{B-2}]`, and
-    /// truncation before the first slot whose confidence is below `confidence_threshold`
-    /// (`<= 0` keeps all `B`; so does a drafter without confidence head). DFlash
-    /// (`markov_rank` 0) takes the argmax of every `U_k` in parallel.
+    /// One greedy draft call: [`Drafter::propose_sampled`] with a greedy sampler.
+    ///
+    /// # Errors
+    /// As [`Drafter::propose_sampled`].
+    pub fn propose(&self, ctx: &mut DraftContext, anchor: u32, confidence_threshold: f32) -> Result<Proposal> {
+        self.propose_sampled(ctx, anchor, confidence_threshold, &Sampler::default(), 0)
+    }
+
+    /// One draft call: [`Drafter::forward_block`], base logits, the sequential Markov walk
+    /// (`z_k = U_k + W2 W1[prev_k]`, `d_k` drawn from `z_k` by `sampler` with the key of
+    /// generation step `step + k`: `argmax z_k`, first maximum on ties, for a greedy
+    /// sampler), the confidence head on `[h_k; W1[prev_k]]` with
+    /// `prev = [anchor, d_0 .. d_{B-2}]`, and truncation before the first slot whose
+    /// confidence is below `confidence_threshold` (`<= 0` keeps all `B`; so does a drafter
+    /// without confidence head). DFlash (`markov_rank` 0) draws every `d_k` from `U_k`
+    /// independently (the argmax of all rows at once when greedy). Drawing slot `k` with
+    /// the key the target's sampler uses at that step couples drafter and target
+    /// (`models::Sampler::sample`'s Gumbel-max draw): under exact-match acceptance a drafter
+    /// whose filtered distribution equals the target's always matches. The truncation looks
+    /// only at slots up to the one it cuts, so the choice of length does not anticipate later
+    /// draws (DSpark paper, App. A).
     ///
     /// # Errors
     /// [`Error::Invalid`] for an anchor outside the vocabulary; MLX failures.
-    pub fn propose(&self, ctx: &mut DraftContext, anchor: u32, confidence_threshold: f32) -> Result<Proposal> {
+    pub fn propose_sampled(
+        &self,
+        ctx: &mut DraftContext,
+        anchor: u32,
+        confidence_threshold: f32,
+        sampler: &Sampler,
+        step: usize,
+    ) -> Result<Proposal> {
         let block = self.forward_block(ctx, anchor)?;
         let b = self.config.block_size as i32;
         let u = self.base_logits(&block.hidden)?;
@@ -529,7 +552,7 @@ impl Drafter {
                 for k in 0..b {
                     let w1 = self.markov_embed(&[prev])?.expect("markov_w1 exists with markov_w2");
                     let zk = u.slice_axis(1, k, k + 1)?.squeeze(&[1])?.add(&w2.forward(&w1)?)?;
-                    let d = zk.argmax(-1, false)?.astype(Dtype::Uint32)?.to_vec::<u32>()?[0];
+                    let d = sampler.sample(&zk, step + k as usize)?;
                     drafts.push(d);
                     rows.push(zk);
                     prev = d;
@@ -537,8 +560,14 @@ impl Drafter {
                 let z = mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 1)?.reshape(&[1, b, -1])?;
                 (z, drafts)
             }
-            None => {
+            None if sampler.is_greedy() => {
                 let d = u.argmax(-1, false)?.astype(Dtype::Uint32)?.reshape(&[-1])?.to_vec::<u32>()?;
+                (u.clone(), d)
+            }
+            None => {
+                let d = (0..b)
+                    .map(|k| sampler.sample(&u.slice_axis(1, k, k + 1)?, step + k as usize).map_err(Error::from))
+                    .collect::<Result<Vec<u32>>>()?;
                 (u.clone(), d)
             }
         };

@@ -190,6 +190,54 @@ fn dflash_checkpoint_drafts_argmax_of_base_logits() {
     assert_eq!(p.drafts, want);
     let diff = p.base_logits.reshape(&[7, -1]).unwrap().subtract(u).unwrap().abs().unwrap().max(&[], false).unwrap();
     assert!(diff.item().unwrap() < 1e-4);
+
+    // Sampled: slot k is drawn from U_k with the key of step `step + k`.
+    let sampler = models::Sampler { temp: 1.0, top_k: 5, seed: 3, ..models::Sampler::default() };
+    let mut ctx = d.new_context();
+    d.ingest(&mut ctx, g.get("A.ctx_feats").unwrap()).unwrap();
+    let s = d.propose_sampled(&mut ctx, anchor, 0.0, &sampler, 9).unwrap();
+    for (k, &t) in s.drafts.iter().enumerate() {
+        let row = s.base_logits.slice_axis(1, k as i32, k as i32 + 1).unwrap();
+        assert_eq!(t, sampler.sample(&row, 9 + k).unwrap(), "slot {k}");
+    }
+}
+
+/// Sampled drafting ([`Drafter::propose_sampled`]) draws Markov slot `k` from `z_k` with the
+/// request sampler's key of step `step + k`, so a target sampling that step with the same
+/// distribution draws the same token; a greedy sampler gives [`Drafter::propose`]'s drafts,
+/// and different seeds give different blocks.
+#[test]
+fn sampled_markov_drafts_use_the_step_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::create_dir_all(&d).unwrap();
+    write_tiny_target(&t, 3, 0.3).unwrap();
+    write_tiny_dspark(&d, &t, 3).unwrap();
+    let dr = Drafter::load(&d, &f32_load()).unwrap();
+    let width = dr.config().feature_width() as i32;
+    let feats =
+        mlx_core::random::normal(&[1, 6, width], Dtype::Float32, 0.0, 1.0, &mlx_core::random::Key::new(2)).unwrap();
+    let run = |sampler: &models::Sampler, step: usize| {
+        let mut ctx = dr.new_context();
+        dr.ingest(&mut ctx, &feats).unwrap();
+        dr.propose_sampled(&mut ctx, 42, 0.0, sampler, step).unwrap()
+    };
+    let greedy = run(&models::Sampler::default(), 4);
+    let mut ctx = dr.new_context();
+    dr.ingest(&mut ctx, &feats).unwrap();
+    assert_eq!(greedy.all_drafts, dr.propose(&mut ctx, 42, 0.0).unwrap().all_drafts);
+    let mut blocks = std::collections::BTreeSet::new();
+    for seed in 0..6 {
+        let sampler = models::Sampler { temp: 1.5, top_p: 0.9, seed, ..models::Sampler::default() };
+        let p = run(&sampler, 4);
+        for (k, &t) in p.all_drafts.iter().enumerate() {
+            let z = p.logits.slice_axis(1, k as i32, k as i32 + 1).unwrap();
+            assert_eq!(t, sampler.sample(&z, 4 + k).unwrap(), "seed {seed} slot {k}");
+        }
+        blocks.insert(p.all_drafts);
+    }
+    assert!(blocks.len() > 1, "every seed drew the same block: {blocks:?}");
 }
 
 /// The quantized drafter: every eligible module but the confidence head is quantized, the

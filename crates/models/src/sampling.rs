@@ -88,6 +88,21 @@ impl Sampler {
         Ok(lp)
     }
 
+    /// The distribution `[V]` (f32 probabilities summing to 1) the token at a step is drawn
+    /// from: [`Sampler::logprobs`] renormalised over the kept set, i.e. the softmax of the
+    /// temperature-scaled logits restricted to the tokens that survive top-p, min-p and top-k
+    /// (`0` elsewhere). [`Sampler::sample`] draws from exactly this distribution (the
+    /// Gumbel-max draw is invariant to the constant the renormalisation subtracts). This is
+    /// the `p` (target) and `q` (drafter) of the Leviathan/Chen rejection rule; comparing
+    /// unnormalised filtered masses instead accepts drafts with `p(x) / S` for a kept mass
+    /// `S < 1` and breaks the rule's guarantee.
+    ///
+    /// # Errors
+    /// As [`Sampler::logprobs`].
+    pub fn probs(&self, logits: &Array) -> Result<Array> {
+        Ok(self.logprobs(logits)?.softmax(&[0], true)?)
+    }
+
     /// Samples the token at generation step `step` from `logits` (`[V]` or `[1, V]`).
     ///
     /// # Errors

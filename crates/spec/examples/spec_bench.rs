@@ -5,7 +5,11 @@
 //! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
 //! plain decoding, n-gram speculative decoding (γ 10, constant and heuristic schedules) and
 //! two-model speculative decoding (γ 3; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
-//! second two-model arm), interleaved per prompt so machine noise hits every arm alike. Reports per prompt kind the
+//! second two-model arm), interleaved per prompt so machine noise hits every arm alike. With
+//! `--temp` above 0 every arm samples (prompt `i` with seed `i`; exact match keeps the outputs
+//! equal to plain decoding's), and each two-model arm gets a `-greedy-draft` twin whose draft
+//! model picks the argmax instead of sampling with the request's keys, the drafting of
+//! earlier versions: the acceptance gained by coupled drafting, side by side. Reports per prompt kind the
 //! decode tokens/s of each arm (emitted tokens over decode time, prefill excluded), its
 //! ratio to plain, tau and acceptance rate, and whether every output equaled plain's; with
 //! `--json FILE` also the raw numbers.
@@ -19,7 +23,7 @@ use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{PromptKind, load_prompts};
-use spec::two_model::{TwoModelProvider, check_tokenizers};
+use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, speculative_generate};
 
 #[derive(Parser)]
@@ -51,6 +55,18 @@ struct Args {
     /// Compute dtype of both models: float32, float16 or bfloat16.
     #[arg(long, default_value = "float32")]
     dtype: String,
+    /// Sampling temperature of every arm (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Nucleus sampling mass (0 or 1 = off).
+    #[arg(long, default_value_t = 0.0)]
+    top_p: f32,
+    /// Top-k filter (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Min-p filter (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Write the per-prompt numbers as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -79,10 +95,10 @@ fn main() -> Result<()> {
     let load = LoadOptions { dtype: Some(dtype) };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
-    let draft_model = |dir: &PathBuf| -> Result<Box<dyn DraftProvider>> {
+    let draft_model = |dir: &PathBuf, sampling: DraftSampling| -> Result<Box<dyn DraftProvider>> {
         let name = dir.display().to_string();
         check_tokenizers(&Tokenizer::from_dir(dir)?, &tok, &name, &a.target.display().to_string())?;
-        Ok(Box::new(TwoModelProvider::new(load_model(dir, &load)?, name)))
+        Ok(Box::new(TwoModelProvider::new(load_model(dir, &load)?, name).with_sampling(sampling)))
     };
     // (name, provider, drafts per round); "plain" is slot 0.
     let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = vec![
@@ -93,21 +109,29 @@ fn main() -> Result<()> {
             a.ngram_draft_tokens,
         ),
     ];
-    for (name, dir) in [("two-model", &a.draft), ("two-model-b", &a.draft_b)] {
+    let sampled = a.temp > 0.0;
+    for (name, greedy_name, dir) in
+        [("two-model", "two-model-greedy-draft", &a.draft), ("two-model-b", "two-model-b-greedy-draft", &a.draft_b)]
+    {
         if let Some(dir) = dir {
-            providers.push((name, draft_model(dir)?, a.num_draft_tokens));
+            providers.push((name, draft_model(dir, DraftSampling::Request)?, a.num_draft_tokens));
+            if sampled {
+                providers.push((greedy_name, draft_model(dir, DraftSampling::Greedy)?, a.num_draft_tokens));
+            }
         }
     }
     let all = load_prompts(&a.prompts)?;
-    let params = GenerateParams { max_tokens: a.max_tokens, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
+    let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: 0 };
+    let base = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
 
     let arms: Vec<&str> = std::iter::once("plain").chain(providers.iter().map(|p| p.0)).collect();
     let mut rows = Vec::new();
     let mut totals: Vec<(PromptKind, Vec<Arm>)> = Vec::new();
     for kind in [PromptKind::Grounded, PromptKind::Free] {
         let mut sums: Vec<Arm> = vec![Arm::default(); arms.len()];
-        for p in all.iter().filter(|p| p.kind == kind).take(a.num_prompts) {
+        for (i, p) in all.iter().filter(|p| p.kind == kind).take(a.num_prompts).enumerate() {
             let ids = p.ids(&tok)?;
+            let params = GenerateParams { sampler: Sampler { seed: i as u64, ..base.sampler.clone() }, ..base.clone() };
             let (want, secs) = plain(&target, &ids, &params)?;
             sums[0].tokens += want.len();
             sums[0].decode_s += secs;
@@ -138,6 +162,7 @@ fn main() -> Result<()> {
 
     let shown = |d: &Option<PathBuf>| d.as_ref().map_or("-".into(), |d| d.display().to_string());
     println!("\ntarget {} ({}), draft {}, draft-b {}", a.target.display(), a.dtype, shown(&a.draft), shown(&a.draft_b));
+    println!("sampler: {:?}", base.sampler);
     println!(
         "{:<10} {:<12} {:>8} {:>7} {:>6} {:>7} {:>9}",
         "prompts", "arm", "tok/s", "x plain", "tau", "accept", "mismatch"

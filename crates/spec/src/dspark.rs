@@ -79,8 +79,8 @@ impl DraftProvider for DSparkProvider {
     /// # Errors
     /// [`Error::Incompatible`] naming both sides when the drafter's `num_target_layers`,
     /// hidden size or vocabulary does not fit `target`.
-    fn open<'a>(&'a self, target: &'a Transformer, _sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
-        Ok(Box::new(DSparkSource::new(self, target)?))
+    fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
+        Ok(Box::new(DSparkSource::new(self, target)?.with_sampler(sampler.clone())))
     }
 }
 
@@ -91,9 +91,13 @@ pub struct DSparkSource<'a> {
     name: &'a str,
     tap_layers: &'a [usize],
     confidence_threshold: f32,
+    /// Draws each block slot ([`Drafter::propose_sampled`]); greedy by default.
+    sampler: Sampler,
     ctx: DraftContext,
     prompt_len: usize,
     last_drafts: Vec<u32>,
+    /// The Markov-corrected logits `[1, B, V]` of the last block, when sampling.
+    last_logits: Option<Array>,
 }
 
 impl<'a> DSparkSource<'a> {
@@ -117,10 +121,21 @@ impl<'a> DSparkSource<'a> {
             name: &provider.name,
             tap_layers: &provider.tap_layers,
             confidence_threshold: provider.confidence_threshold,
+            sampler: Sampler::default(),
             ctx: d.new_context(),
             prompt_len: 0,
             last_drafts: Vec::new(),
+            last_logits: None,
         })
+    }
+
+    /// Draws block slot `k` with `sampler` and the key of generation step `step + k` (the
+    /// request's sampler couples drafts and target, see [`Drafter::propose_sampled`]) instead
+    /// of the argmax; at temperature > 0 [`DraftSource::draft_probs`] then returns the
+    /// drafts' filtered distributions for the rejection rule.
+    pub fn with_sampler(mut self, sampler: Sampler) -> Self {
+        self.sampler = sampler;
+        self
     }
 
     /// The drafter's context (rows ingested so far and their K/V).
@@ -162,6 +177,7 @@ impl DraftSource for DSparkSource<'_> {
         self.ctx = self.drafter.new_context();
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
+        self.last_logits = None;
         let rows = prompt.len() - 1;
         match taps {
             Some(taps) => self.ingest(taps, rows, "prefill")?,
@@ -184,15 +200,32 @@ impl DraftSource for DSparkSource<'_> {
             )));
         }
         self.last_drafts.clear();
+        self.last_logits = None;
         if n == 0 {
             return Ok(Vec::new());
         }
         let what = || format!("drafter `{}` block for anchor {anchor} at position {start}", self.name);
-        let p = self.drafter.propose(&mut self.ctx, anchor, self.confidence_threshold).context(what)?;
+        let p = self.drafter.propose_sampled(&mut self.ctx, anchor, self.confidence_threshold, &self.sampler, step);
+        let p = p.context(what)?;
         let mut drafts = p.drafts;
         drafts.truncate(n);
         self.last_drafts = drafts.clone();
+        if !self.sampler.is_greedy() {
+            self.last_logits = Some(p.logits);
+        }
         Ok(drafts)
+    }
+
+    /// At temperature > 0: the `[d, V]` filtered distributions ([`Sampler::probs`]) of the
+    /// block slots the drafts were drawn from; `None` for a greedy source.
+    fn draft_probs(&self) -> Result<Option<Array>> {
+        let Some(z) = &self.last_logits else { return Ok(None) };
+        let what = || format!("drafter `{}` distributions of {} drafts", self.name, self.last_drafts.len());
+        let rows = (0..self.last_drafts.len() as i32)
+            .map(|k| z.slice_axis(1, k, k + 1).map_err(models::Error::from).and_then(|row| self.sampler.probs(&row)))
+            .collect::<models::Result<Vec<_>>>()
+            .context(what)?;
+        mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()> {

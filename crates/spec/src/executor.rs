@@ -181,8 +181,7 @@ pub fn speculative_generate_with_cache(
             let t = match &draft_probs {
                 Some(q) if i < d => {
                     let what = || format!("target distribution at step {at}");
-                    let lp = params.sampler.logprobs(&row).context(what)?;
-                    let p: Vec<f32> = lp.exp().and_then(|e| e.to_vec()).context(what)?;
+                    let p: Vec<f32> = params.sampler.probs(&row).context(what)?.to_vec().context(what)?;
                     let q_row = q.as_ref().map(|q| &q[i * q.len() / d..(i + 1) * q.len() / d]);
                     let (ua, ur) = (params.sampler.uniform(at, 1), params.sampler.uniform(at, 2));
                     match rejection_step(&p, q_row, drafts[i], ua, ur) {

@@ -51,12 +51,16 @@ pub enum Verdict {
 
 /// One position of the Leviathan/Chen rule.
 ///
-/// - `p`: the target's sampling distribution at this position, `[V]` probabilities
-///   (the sampler's filtered, temperature-scaled distribution, summing to 1).
-/// - `q`: the drafter's distribution the draft was drawn from, `[V']` probabilities; only
-///   its first `V` entries count and they are renormalized (a drafter with padded rows
-///   beyond the target's vocabulary never proposes them). `None` means a deterministic
-///   proposal: `q` is one-hot on `draft`.
+/// - `p`: the target's sampling distribution at this position, `[V]` non-negative weights:
+///   the request's filtered, temperature-scaled distribution ([`models::Sampler::probs`]).
+///   It is renormalised here over its kept set (weights that do not sum to 1, e.g.
+///   `exp` of [`models::Sampler::logprobs`] after top-k/top-p/min-p, are divided by their
+///   sum), because the rule compares the two distributions the tokens are really drawn
+///   from.
+/// - `q`: the drafter's distribution the draft was drawn from, `[V']` weights after the
+///   drafter's own filters; only its first `V` entries count and they are renormalised
+///   likewise (a drafter with padded rows beyond the target's vocabulary never proposes
+///   them). `None` means a deterministic proposal: `q` is one-hot on `draft`.
 /// - `u_accept`, `u_residual`: independent uniform draws in `[0, 1)`.
 ///
 /// The draft is accepted when `u_accept * q(x) < p(x)`, i.e. with probability
@@ -65,8 +69,8 @@ pub enum Verdict {
 /// Sums accumulate in f64.
 ///
 /// # Errors
-/// A message when `draft` is outside `p`, or `q` gives the draft zero probability (the
-/// drafter could not have drawn it: a source bug).
+/// A message when `draft` is outside `p`, `p` has no positive mass, or `q` gives the draft
+/// zero probability (the drafter could not have drawn it: a source bug).
 pub fn rejection_step(
     p: &[f32],
     q: Option<&[f32]>,
@@ -78,6 +82,11 @@ pub fn rejection_step(
     if x >= p.len() {
         return Err(format!("draft token {draft} is outside the target's {} probabilities", p.len()));
     }
+    let p_sum: f64 = p.iter().map(|&v| f64::from(v)).sum();
+    if !(p_sum > 0.0 && p_sum.is_finite()) {
+        return Err(format!("the target's distribution has total mass {p_sum}"));
+    }
+    let p: Vec<f64> = p.iter().map(|&v| f64::from(v) / p_sum).collect();
     let q = q.map(|q| &q[..q.len().min(p.len())]);
     let q_sum = q.map_or(1.0, |q| q.iter().map(|&v| f64::from(v)).sum::<f64>());
     let q_of = |y: usize| -> f64 {
@@ -90,18 +99,12 @@ pub fn rejection_step(
     if qx.is_nan() || qx <= 0.0 {
         return Err(format!("draft token {draft} has probability {qx} under the drafter's own distribution"));
     }
-    if u_accept * qx < f64::from(p[x]) {
+    if u_accept * qx < p[x] {
         return Ok(Verdict::Accept);
     }
-    let residual: Vec<f64> = p.iter().enumerate().map(|(y, &py)| (f64::from(py) - q_of(y)).max(0.0)).collect();
+    let residual: Vec<f64> = p.iter().enumerate().map(|(y, &py)| (py - q_of(y)).max(0.0)).collect();
     let total: f64 = residual.iter().sum();
-    let token = if total > 0.0 {
-        inverse_cdf(&residual, u_residual * total)
-    } else {
-        let p64: Vec<f64> = p.iter().map(|&v| f64::from(v)).collect();
-        let total: f64 = p64.iter().sum();
-        inverse_cdf(&p64, u_residual * total)
-    };
+    let token = if total > 0.0 { inverse_cdf(&residual, u_residual * total) } else { inverse_cdf(&p, u_residual) };
     Ok(Verdict::Reject(token as u32))
 }
 
@@ -188,6 +191,27 @@ mod tests {
                 proptest::prop_assert!((o - f64::from(e)).abs() < 1.5e-2, "{out:?} vs {p:?}");
             }
         }
+    }
+
+    /// The filtered masses of a top-k/top-p/min-p sampler do not sum to 1 before
+    /// renormalisation: the rule must treat them as the distribution they are sampled as.
+    #[test]
+    fn unnormalised_filtered_masses_are_renormalised() {
+        // The softmax of the full logits, masked to the two kept tokens (mass 0.5).
+        let p_masked = [0.0, 0.35, 0.0, 0.15, 0.0];
+        let p = normalized(&p_masked);
+        for q in [None, Some(&[0.1f32, 0.3, 0.2, 0.3, 0.1][..])] {
+            let out = output_distribution(&p_masked, q, 400);
+            for (y, (&o, &e)) in out.iter().zip(&p).enumerate() {
+                assert!((o - f64::from(e)).abs() < 5e-3, "token {y}: {o} vs target {e} (q {q:?})");
+            }
+        }
+        // The same masked distribution drafting for itself is always accepted.
+        for x in [1, 3] {
+            assert_eq!(rejection_step(&p_masked, Some(&p_masked), x, 0.999_999, 0.5), Ok(Verdict::Accept));
+            assert_eq!(rejection_step(&p_masked, Some(&p), x, 0.999_999, 0.5), Ok(Verdict::Accept));
+        }
+        assert!(rejection_step(&[0.0, 0.0], None, 1, 0.5, 0.5).is_err());
     }
 
     #[test]

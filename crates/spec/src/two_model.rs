@@ -18,11 +18,16 @@ const SMALL_FEED: usize = 8;
 /// acceptance rate moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DraftSampling {
-    /// Argmax of the draft model's logits.
-    #[default]
+    /// Argmax of the draft model's logits, whatever the request's sampler.
     Greedy,
-    /// The request's sampler, draft `i` of a round drawn with the key of step `step + i`
-    /// (the key the target uses for that position, which couples the two draws).
+    /// The request's sampler (the default): draft `i` of a round is drawn from the draft
+    /// model's filtered distribution with the key of step `step + i`, the key the target
+    /// uses for that position. The shared Gumbel noise couples the two draws: under exact
+    /// match a drafter identical to the target is accepted every time, and a close one about
+    /// as often as the two distributions' noisy argmaxes agree (greedy drafting at
+    /// temperature 0.7-1.0 matches only the target's mode). The drafts' `q` rows serve the
+    /// rejection rule. With a greedy request this is [`DraftSampling::Greedy`].
+    #[default]
     Request,
 }
 
@@ -96,9 +101,10 @@ pub struct TwoModelProvider {
 }
 
 impl TwoModelProvider {
-    /// A greedy drafter; `name` (usually the model directory) appears in traces and errors.
+    /// A drafter sampling as the request does ([`DraftSampling::Request`]); `name` (usually
+    /// the model directory) appears in traces and errors.
     pub fn new(model: Transformer, name: impl Into<String>) -> Self {
-        TwoModelProvider { model, name: name.into(), sampling: DraftSampling::Greedy }
+        TwoModelProvider { model, name: name.into(), sampling: DraftSampling::default() }
     }
 
     /// Chooses how the draft model picks tokens.
@@ -151,8 +157,8 @@ pub struct TwoModelSource<'a> {
     unfed: Vec<u32>,
     prompt_len: usize,
     last_drafts: Vec<u32>,
-    /// With a sampling drafter: the distribution `[V]` each of `last_drafts` was drawn from.
-    last_probs: Vec<Array>,
+    /// With a sampling drafter: the logits `[1, V]` each of `last_drafts` was drawn from.
+    last_logits: Vec<Array>,
     /// Drafts of the last round that went through the model (are in `cache`).
     fed_drafts: usize,
     /// Drafts at or above this id are never proposed (the target has no such row).
@@ -172,7 +178,7 @@ impl<'a> TwoModelSource<'a> {
             unfed: Vec::new(),
             prompt_len: 0,
             last_drafts: Vec::new(),
-            last_probs: Vec::new(),
+            last_logits: Vec::new(),
             fed_drafts: 0,
             vocab_limit: usize::MAX,
             rebuilds: 0,
@@ -252,7 +258,7 @@ impl DraftSource for TwoModelSource<'_> {
         self.unfed.clear();
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
-        self.last_probs.clear();
+        self.last_logits.clear();
         self.fed_drafts = 0;
         Ok(())
     }
@@ -273,7 +279,7 @@ impl DraftSource for TwoModelSource<'_> {
             )));
         }
         self.last_drafts.clear();
-        self.last_probs.clear();
+        self.last_logits.clear();
         self.fed_drafts = 0;
         if n == 0 {
             // Defer the feed: it is run with the next round's.
@@ -289,8 +295,7 @@ impl DraftSource for TwoModelSource<'_> {
                 break;
             }
             if !self.sampler.is_greedy() {
-                let q = self.sampler.logprobs(&logits).and_then(|lp| Ok(lp.exp()?)).context(what)?;
-                self.last_probs.push(q);
+                self.last_logits.push(logits.clone());
             }
             drafts.push(t);
             if drafts.len() == n {
@@ -306,13 +311,16 @@ impl DraftSource for TwoModelSource<'_> {
     }
 
     /// With [`DraftSampling::Request`] at temperature > 0: the `[d, V_draft]` distributions
-    /// the drafts were drawn from; `None` for a greedy drafter.
+    /// the drafts were drawn from ([`Sampler::probs`] of each draft's logits); `None` for a
+    /// greedy drafter.
     fn draft_probs(&self) -> Result<Option<Array>> {
-        if self.last_probs.is_empty() {
+        if self.last_logits.is_empty() {
             return Ok(None);
         }
-        let what = || format!("draft model `{}` stacking {} draft distributions", self.name, self.last_probs.len());
-        mlx_core::stack(&self.last_probs.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
+        let what = || format!("draft model `{}` stacking {} draft distributions", self.name, self.last_logits.len());
+        let rows = self.last_logits.iter().map(|l| self.sampler.probs(l)).collect::<models::Result<Vec<_>>>();
+        let rows = rows.context(what)?;
+        mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, _taps: Option<&[Array]>) -> Result<()> {
@@ -333,7 +341,7 @@ impl DraftSource for TwoModelSource<'_> {
             self.rebuilds += 1;
         }
         self.last_drafts.clear();
-        self.last_probs.clear();
+        self.last_logits.clear();
         self.fed_drafts = 0;
         Ok(())
     }

