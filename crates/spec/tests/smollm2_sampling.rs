@@ -3,12 +3,13 @@
 //!
 //! - `smollm2_rejection_rule_under_filters`: the prompt `red, blue, red, blue, ...` (no chat
 //!   template) makes the n-gram drafter propose " blue" first. Under the Leviathan/Chen rule
-//!   with `--temp 2.0 --top-k 2` (and top-p, min-p), the first emitted token must follow
+//!   with `--temp 2.0 --top-k 2` (and all filters together), the first emitted token must follow
 //!   the target's filtered distribution, computed exactly from the model: before the
-//!   renormalisation fix P(" blue") was 0.05 where plain decoding gives 0.72. Each filter
-//!   runs 1,500 seeds: the standard error of a share near 0.7 is 0.012, so a 5-point shift
-//!   is about 4 standard errors, and the test allows 3.5 (a fixed-seed test; the bound is
-//!   for the reader).
+//!   renormalisation fix P(" blue") was 0.05 where plain decoding gives 0.77. The reported
+//!   case runs 1,000 seeds (the standard error of a share near 0.77 is 0.013, so a 5-point
+//!   shift is about 3.8 standard errors; the test allows 3.5), all filters together 500 (a
+//!   debug-build run costs about 0.2 s here; the tiny-model tests in `rejection.rs` give
+//!   each filter 3,000 seeds).
 //! - `smollm2_self_drafting_is_always_accepted_when_sampling`: the model drafting for itself
 //!   with the request's keys is accepted at every position under exact match at
 //!   temperature 0.7 and 1.0, with and without filters, and the output is plain decoding's
@@ -26,7 +27,9 @@ use spec::two_model::TwoModelProvider;
 use spec::{Acceptance, DraftProvider, SpecOptions};
 
 fn load() -> (Transformer, Tokenizer, std::path::PathBuf) {
-    let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
+    // One fetch for the tests of this binary, which run in parallel.
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2")).clone();
     let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     (model, tok, dir)
@@ -50,13 +53,17 @@ fn smollm2_rejection_rule_under_filters() {
     assert_eq!(blue.len(), 1, "\" blue\" is one token");
     let blue = blue[0];
     let ngram = NgramProvider::default();
-    let runs = 1500;
+    // (label, sampler, seeds): the reported case with enough seeds to resolve a 5-point
+    // shift, and all filters together.
     let filters = [
-        ("temp 2.0, top-k 2", Sampler { temp: 2.0, top_k: 2, ..Sampler::default() }),
-        ("temp 2.0, top-p 0.5", Sampler { temp: 2.0, top_p: 0.5, ..Sampler::default() }),
-        ("temp 2.0, min-p 0.05", Sampler { temp: 2.0, min_p: 0.05, ..Sampler::default() }),
+        ("temp 2.0, top-k 2", Sampler { temp: 2.0, top_k: 2, ..Sampler::default() }, 1000),
+        (
+            "temp 1.0, top-k 20, top-p 0.9, min-p 0.05",
+            Sampler { temp: 1.0, top_k: 20, top_p: 0.9, min_p: 0.05, ..Sampler::default() },
+            500,
+        ),
     ];
-    for (label, base) in filters {
+    for (label, base, runs) in filters {
         let p = first_token_distribution(&target, &prompt, &base);
         let kept = p.iter().filter(|&&x| x > 0.0).count();
         let mut counts = vec![0usize; p.len()];
