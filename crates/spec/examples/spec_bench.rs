@@ -20,7 +20,9 @@
 //! every rollback without declaring it (`rollback_reach` `None`, a test double over
 //! `make_cache`), drafting one token (id 0) per round, so the first rejected draft forces the
 //! executor's fallback to plain decoding after one token and the rest of the request runs on
-//! the fallback path; its steady rate against plain's is the fallback's speed. `--arms`
+//! the fallback path; its steady rate against plain's is the fallback's speed (also printed:
+//! the per-run ratios and their median, and the same for the rate of each run's median
+//! step). `--arms`
 //! keeps only the named arms (plain always runs), `--repeats` runs each prompt several times
 //! (arms interleaved within each repetition). `--target gemma3-270m` is Gemma 3 270M, fetched
 //! and imported on first use (`models::fixtures`). For example:
@@ -264,6 +266,7 @@ fn main() -> Result<()> {
             for (slot, run) in runs.iter().enumerate() {
                 let arm = &mut sums[slot];
                 row[format!("{}_steady_tps", arms[slot])] = arm.add_steady(&run.times).into();
+                row[format!("{}_median_step_tps", arms[slot])] = median_step_tps(&run.times).into();
                 row[format!("{}_tps", arms[slot])] = (run.tokens.len() as f64 / run.decode_s.max(1e-9)).into();
                 arm.tokens += run.tokens.len();
                 arm.decode_s += run.decode_s;
@@ -310,16 +313,19 @@ fn main() -> Result<()> {
             );
         }
     }
-    // Per run, each arm's steady rate over plain's in the same repetition: the median is
-    // robust to a run disturbed by other load on the machine.
+    // Per run, each arm's steady rate over plain's in the same repetition, and the same for
+    // the rate of the median step: medians are robust to runs and steps disturbed by other
+    // load on the machine.
     for arm in &arms[1..] {
-        let mut ratios: Vec<f64> = rows
-            .iter()
-            .filter_map(|r| Some(r[format!("{arm}_steady_tps")].as_f64()? / r["plain_steady_tps"].as_f64()?))
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        if let Some(mid) = ratios.get(ratios.len() / 2) {
-            println!("{arm}: steady / plain steady per run, median {mid:.3} over {} runs: {ratios:.3?}", ratios.len());
+        for key in ["steady_tps", "median_step_tps"] {
+            let mut ratios: Vec<f64> = rows
+                .iter()
+                .filter_map(|r| Some(r[format!("{arm}_{key}")].as_f64()? / r[format!("plain_{key}")].as_f64()?))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            if let Some(mid) = ratios.get(ratios.len() / 2) {
+                println!("{arm} / plain, {key} per run: median {mid:.3} over {} runs: {ratios:.3?}", ratios.len());
+            }
         }
     }
     if let Some(path) = &a.json {
@@ -331,6 +337,17 @@ fn main() -> Result<()> {
         bail!("a speculative output differed from plain decoding");
     }
     Ok(())
+}
+
+/// 1 / the median time between consecutive tokens after the second (0 for fewer than 4
+/// tokens), tokens/s.
+fn median_step_tps(times: &[Instant]) -> f64 {
+    if times.len() < 4 {
+        return 0.0;
+    }
+    let mut steps: Vec<f64> = times[1..].windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+    steps.sort_by(f64::total_cmp);
+    1.0 / steps[steps.len() / 2].max(1e-9)
 }
 
 /// One arm's run on one prompt.
