@@ -339,6 +339,11 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance, a.confidence_threshold)?;
+    if let Some(warning) =
+        drafter.as_ref().and_then(|(_, o)| draft_cap_warning(o.num_draft_tokens, model.make_cache().rollback_reach()))
+    {
+        eprintln!("{warning}");
+    }
     let ids = prompt_ids(&a, &tok)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
@@ -382,6 +387,16 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     report.print(a.stats_json)
 }
 
+/// The warning for `n` drafts per round on a target cache of exact-rollback reach `reach`
+/// (`None`: unbounded): the executor caps every round at the reach.
+fn draft_cap_warning(n: usize, reach: Option<usize>) -> Option<String> {
+    let reach = reach.filter(|&r| r < n)?;
+    Some(format!(
+        "warning: {n} draft tokens per round is more than this target's sliding-window KV cache can roll \
+         back exactly ({reach} positions); every round drafts at most {reach}"
+    ))
+}
+
 /// The statistics of one request, printed after the text.
 enum Report {
     Plain(models::GenerationStats),
@@ -410,8 +425,9 @@ impl Report {
                 eprintln!("==========");
                 eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, prompt_tps);
                 eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.emitted, stats.tokens_per_s);
+                let cap = stats.draft_cap.map_or(String::new(), |r| format!(" (capped at {r})"));
                 eprintln!(
-                    "Speculative: {}, {} draft tokens: {} rounds, {}/{} drafts accepted ({:.1}%), tau {:.2}",
+                    "Speculative: {}, {} draft tokens{cap}: {} rounds, {}/{} drafts accepted ({:.1}%), tau {:.2}",
                     describe_human(drafter),
                     stats.num_draft_tokens,
                     stats.rounds,
@@ -420,9 +436,25 @@ impl Report {
                     100.0 * stats.acceptance_rate,
                     stats.tau
                 );
+                if let Some(k) = stats.fallback_at {
+                    eprintln!("Fell back to plain decoding after {k} tokens (the target cache could not roll back)");
+                }
                 eprintln!("Peak memory: {:.3} GB", stats.peak_memory_bytes as f64 / 1e9);
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::draft_cap_warning;
+
+    #[test]
+    fn the_draft_cap_warning_names_the_reach_only_when_it_caps() {
+        assert_eq!(draft_cap_warning(64, None), None);
+        assert_eq!(draft_cap_warning(32, Some(32)), None);
+        let w = draft_cap_warning(64, Some(32)).unwrap();
+        assert!(w.starts_with("warning: 64 draft tokens") && w.contains("(32 positions)"), "{w}");
     }
 }

@@ -24,6 +24,17 @@ pub trait LayerCache {
     fn can_trim(&self, n: usize) -> bool;
     /// Removes the last `min(n, offset)` positions and returns how many it removed.
     fn trim(&mut self, n: usize) -> usize;
+    /// The exact-rollback reach: the most positions that can always be dropped exactly
+    /// ([`LayerCache::can_trim`] true, [`LayerCache::trim`] exact) right after a write that
+    /// added at least that many, at any offset. `None` (the default) means no bound beyond
+    /// `can_trim`, as for a full cache; `Some(0)` means the cache cannot roll back at all.
+    ///
+    /// A speculative executor drafts at most this many tokens per verify window, so that the
+    /// rejected ones can always be dropped. It is a promise about exactness, not a check:
+    /// `can_trim` and the count `trim` returns stay authoritative.
+    fn rollback_reach(&self) -> Option<usize> {
+        None
+    }
     /// The arrays holding the state (to evaluate after a prefill).
     fn state(&self) -> Vec<Array>;
     /// The attention mask the queries of the last [`LayerCache::update_and_fetch`] need over
@@ -121,6 +132,11 @@ impl LayerCache for KvCache {
         n
     }
 
+    /// Unbounded: every stored position can be dropped.
+    fn rollback_reach(&self) -> Option<usize> {
+        None
+    }
+
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
     }
@@ -153,6 +169,14 @@ impl ModelCache {
     /// with `n`: a smaller value means the rollback was not exact.
     pub fn trim(&mut self, n: usize) -> usize {
         self.layers.iter_mut().map(|c| c.trim(n)).min().unwrap_or(0)
+    }
+
+    /// The exact-rollback reach of the whole cache: the smallest
+    /// [`LayerCache::rollback_reach`] of its layers, `None` when no layer has a bound (full
+    /// caches). A verify window may add `k + 1` positions and drop any `k <= reach` of them
+    /// exactly.
+    pub fn rollback_reach(&self) -> Option<usize> {
+        self.layers.iter().filter_map(|c| c.rollback_reach()).min()
     }
 
     /// The arrays holding every layer's state.

@@ -102,40 +102,17 @@ pub fn generate(
     model: &Transformer,
     prompt: &[u32],
     params: &GenerateParams,
-    mut on_token: impl FnMut(u32) -> bool,
+    on_token: impl FnMut(u32) -> bool,
 ) -> Result<GenerationStats> {
     memory::reset_peak();
     let start = Instant::now();
-    let (mut cache, mut token) = prefill(model, prompt)?;
+    let (mut cache, token) = prefill(model, prompt)?;
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
-    let mut first_token_at = None;
-    // The step in flight: its lazy token id, uint32 [1, 1].
-    let mut pending =
-        if params.max_tokens > 0 { Some(decode_step(model, &mut cache, &ids(&[token])?, params, 0)?) } else { None };
-    let mut step = 0;
-    while let Some(cur) = pending.take() {
-        if step + 1 < params.max_tokens {
-            // Queue step + 1 before reading this step's token (its input is `cur`, still lazy).
-            // If `cur` turns out to be EOS the extra step is wasted work on a cache that is
-            // dropped with this request.
-            pending = Some(decode_step(model, &mut cache, &cur, params, step + 1)?);
-        }
-        token = cur.to_vec::<u32>()?[0];
-        if first_token_at.is_none() {
-            first_token_at = Some(Instant::now());
-        }
-        if params.eos.contains(&token) {
-            stats.stopped_on_eos = true;
-            break;
-        }
-        stats.generation_tokens += 1;
-        if !on_token(token) {
-            break;
-        }
-        step += 1;
-    }
+    let decoded = decode(model, &mut cache, token, 0, params, on_token)?;
     let end = Instant::now();
-    if let Some(t1) = first_token_at {
+    stats.generation_tokens = decoded.tokens;
+    stats.stopped_on_eos = decoded.stopped_on_eos;
+    if let Some(t1) = decoded.first_token_at {
         stats.prompt_tps = prompt.len() as f64 / (t1 - start).as_secs_f64();
         let rest = stats.generation_tokens.saturating_sub(1);
         let dt = (end - t1).as_secs_f64();
@@ -143,4 +120,71 @@ pub fn generate(
     }
     stats.peak_memory_bytes = memory::peak();
     Ok(stats)
+}
+
+/// What one [`decode`] call did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Decoded {
+    /// Decode steps whose token was read (emitted tokens plus a final EOS). A step queued
+    /// ahead and never read (the pipeline's look-ahead after the last token) is not counted.
+    pub steps: usize,
+    /// Tokens handed to `on_token` (EOS excluded).
+    pub tokens: usize,
+    /// Whether an EOS token ended decoding.
+    pub stopped_on_eos: bool,
+    /// When the first step's token was read (`None` when no step ran).
+    pub first_token_at: Option<Instant>,
+}
+
+/// Plain decoding from a filled cache, with the pipelined step of [`generate`] (which is
+/// this function after [`prefill`]): `cache` holds every committed position except the
+/// last, `token`, which is fed first and is not yet in the cache. Steps `first_step ..
+/// params.max_tokens` run, step `s` sampling with the sampler's key of step `s`, so a
+/// request that continues here after `first_step` tokens from elsewhere (the speculative
+/// executor's fallback) emits exactly the tokens [`generate`] emits from that step on.
+/// Stops at EOS (not emitted), after step `params.max_tokens - 1`, or when `on_token`
+/// returns `false`. The cache is left one or two positions past the last token read (the
+/// look-ahead step); it is meant to be dropped afterwards.
+///
+/// # Errors
+/// Model and sampling errors.
+pub fn decode(
+    model: &Transformer,
+    cache: &mut crate::ModelCache,
+    token: u32,
+    first_step: usize,
+    params: &GenerateParams,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Decoded> {
+    let mut out = Decoded::default();
+    // The step in flight: its lazy token id, uint32 [1, 1].
+    let mut pending = if first_step < params.max_tokens {
+        Some(decode_step(model, cache, &ids(&[token])?, params, first_step)?)
+    } else {
+        None
+    };
+    let mut step = first_step;
+    while let Some(cur) = pending.take() {
+        if step + 1 < params.max_tokens {
+            // Queue step + 1 before reading this step's token (its input is `cur`, still lazy).
+            // If `cur` turns out to be EOS the extra step is wasted work on a cache that is
+            // dropped with this request.
+            pending = Some(decode_step(model, cache, &cur, params, step + 1)?);
+        }
+        let token = cur.to_vec::<u32>()?[0];
+        out.steps += 1;
+        if out.first_token_at.is_none() {
+            out.first_token_at = Some(Instant::now());
+        }
+        if params.eos.contains(&token) {
+            out.stopped_on_eos = true;
+            break;
+        }
+        out.tokens += 1;
+        if !on_token(token) {
+            break;
+        }
+        step += 1;
+    }
+    Ok(out)
 }

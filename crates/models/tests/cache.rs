@@ -100,3 +100,21 @@ fn model_cache_trims_every_layer_and_reports_the_count() {
     assert_eq!(c.state().len(), 6);
     assert_eq!(c.state()[0].dtype(), Dtype::Float32);
 }
+
+/// The exact-rollback reach: unbounded for full caches, `R` for a rotating layer, the
+/// smallest over the layers of a model cache.
+#[test]
+fn rollback_reach_is_the_smallest_bound_of_the_layers() {
+    use models::RotatingKvCache;
+    assert_eq!(KvCache::new().rollback_reach(), None);
+    assert_eq!(ModelCache::full(3).rollback_reach(), None);
+    assert_eq!(RotatingKvCache::new(8, 5).rollback_reach(), Some(5));
+    let mixed = ModelCache {
+        layers: vec![
+            Box::new(KvCache::new()),
+            Box::new(RotatingKvCache::new(8, 7)),
+            Box::new(RotatingKvCache::new(16, 3)),
+        ],
+    };
+    assert_eq!(mixed.rollback_reach(), Some(3));
+}

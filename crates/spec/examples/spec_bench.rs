@@ -5,30 +5,50 @@
 //! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
 //! plain decoding, n-gram speculative decoding (γ 10, constant and heuristic schedules) and
 //! two-model speculative decoding (γ 3; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
-//! second two-model arm), interleaved per prompt so machine noise hits every arm alike. With
-//! `--temp` above 0 every arm samples (prompt `i` with seed `i`; exact match keeps the outputs
-//! equal to plain decoding's), and each two-model arm gets a `-greedy-draft` twin whose draft
-//! model picks the argmax instead of sampling with the request's keys, the drafting of
-//! earlier versions: the acceptance gained by coupled drafting, side by side. Reports per prompt kind the
+//! second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
+//! noise hits every arm alike. With `--temp` above 0 every arm samples (prompt `i` with seed
+//! `i`; exact match keeps the outputs equal to plain decoding's), and each two-model arm gets
+//! a `-greedy-draft` twin whose draft model picks the argmax instead of sampling with the
+//! request's keys, the drafting of earlier versions: the acceptance gained by coupled
+//! drafting, side by side. Reports per prompt kind the
 //! decode tokens/s of each arm (emitted tokens over decode time, prefill excluded), its
-//! ratio to plain, tau and acceptance rate, and whether every output equaled plain's; with
-//! `--json FILE` also the raw numbers.
+//! ratio to plain, the steady rate (tokens after the second over the time since the second
+//! was handed over: no prefill, no first round, no re-prefill), tau and acceptance rate, and
+//! whether every output equaled plain's; with `--json FILE` also the raw numbers.
+//!
+//! `--fallback-arm` adds the `fallback` arm: speculative decoding whose target cache refuses
+//! every rollback without declaring it (`rollback_reach` `None`, a test double over
+//! `make_cache`), drafting one token (id 0) per round, so the first rejected draft forces the
+//! executor's fallback to plain decoding after one token and the rest of the request runs on
+//! the fallback path; its steady rate against plain's is the fallback's speed (also printed:
+//! the per-run ratios and their median, and the same for the rate of each run's median
+//! step). `--arms`
+//! keeps only the named arms (plain always runs), `--repeats` runs each prompt several times
+//! (arms interleaved within each repetition). `--target gemma3-270m` is Gemma 3 270M, fetched
+//! and imported on first use (`models::fixtures`). For example:
+//!
+//! ```sh
+//! cargo run --release -p spec --example spec_bench -- --target gemma3-270m \
+//!     --prompts fixtures/prompts/spec-equality.jsonl --fallback-arm --arms fallback \
+//!     --num-prompts 1 --max-tokens 120 --repeats 3
+//! ```
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use mlx_core::Array;
 use models::generate::generate;
 use models::tokenizer::Tokenizer;
-use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
+use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{PromptKind, load_prompts};
 use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
-use spec::{DraftProvider, speculative_generate};
+use spec::{DraftProvider, DraftSource, speculative_generate_with_cache};
 
 #[derive(Parser)]
 struct Args {
-    /// Target model directory.
+    /// Target model directory, or `gemma3-270m` (fetched and imported on first use).
     #[arg(long)]
     target: PathBuf,
     /// Draft model directory (the two-model arm is skipped without it).
@@ -70,6 +90,15 @@ struct Args {
     /// Write the per-prompt numbers as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Add the `fallback` arm (a forced fallback to plain decoding after the first token).
+    #[arg(long)]
+    fallback_arm: bool,
+    /// Run only these arms besides plain (comma-separated names; default: all).
+    #[arg(long, value_delimiter = ',')]
+    arms: Option<Vec<String>>,
+    /// Runs of each prompt (every arm once per run, interleaved).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
 }
 
 /// Totals of one arm over the prompts of one kind.
@@ -77,6 +106,9 @@ struct Args {
 struct Arm {
     tokens: usize,
     decode_s: f64,
+    /// Tokens after the second, and the time from the second to the last.
+    steady_tokens: usize,
+    steady_s: f64,
     rounds: usize,
     accepted: usize,
     drafted: usize,
@@ -87,10 +119,80 @@ impl Arm {
     fn tps(&self) -> f64 {
         self.tokens as f64 / self.decode_s.max(1e-9)
     }
+
+    fn steady_tps(&self) -> f64 {
+        self.steady_tokens as f64 / self.steady_s.max(1e-9)
+    }
+
+    /// Adds a run's steady part from the times its tokens were handed over.
+    fn add_steady(&mut self, times: &[Instant]) -> f64 {
+        if times.len() < 3 {
+            return 0.0;
+        }
+        let (n, s) = (times.len() - 2, (times[times.len() - 1] - times[1]).as_secs_f64());
+        self.steady_tokens += n;
+        self.steady_s += s;
+        n as f64 / s.max(1e-9)
+    }
+}
+
+/// The `fallback` arm's source: one draft, token 0, every round.
+struct OneDraft;
+
+impl DraftProvider for OneDraft {
+    fn name(&self) -> &str {
+        "one-draft"
+    }
+    fn open<'a>(&'a self, _: &'a Transformer, _: &Sampler) -> spec::Result<Box<dyn DraftSource + 'a>> {
+        Ok(Box::new(OneDraft))
+    }
+}
+
+impl DraftSource for OneDraft {
+    fn name(&self) -> &str {
+        "one-draft"
+    }
+    fn prefill(&mut self, _: &[u32], _: Option<&[Array]>) -> spec::Result<()> {
+        Ok(())
+    }
+    fn draft(&mut self, _: &[u32], n: usize, _: usize) -> spec::Result<Vec<u32>> {
+        Ok(vec![0; n.min(1)])
+    }
+    fn commit(&mut self, _: usize, _: usize, _: Option<&[Array]>) -> spec::Result<()> {
+        Ok(())
+    }
+}
+
+/// The `fallback` arm's target cache layer: refuses every rollback, without declaring a
+/// rollback reach (so the executor drafts and then has to fall back).
+struct NoRollback(Box<dyn LayerCache>);
+
+impl LayerCache for NoRollback {
+    fn offset(&self) -> usize {
+        self.0.offset()
+    }
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> models::Result<(Array, Array)> {
+        self.0.update_and_fetch(keys, values)
+    }
+    fn can_trim(&self, _: usize) -> bool {
+        false
+    }
+    fn trim(&mut self, _: usize) -> usize {
+        0
+    }
+    fn state(&self) -> Vec<Array> {
+        self.0.state()
+    }
+    fn attention_mask(&self) -> models::Result<Option<Array>> {
+        self.0.attention_mask()
+    }
 }
 
 fn main() -> Result<()> {
-    let a = Args::parse();
+    let mut a = Args::parse();
+    if a.target.as_os_str() == "gemma3-270m" {
+        a.target = models::fixtures::ensure_gemma3_270m(&mut |_| {}).context("fetching Gemma 3 270M")?;
+    }
     let dtype = mlx_core::Dtype::from_name(&a.dtype).with_context(|| format!("--dtype {}", a.dtype))?;
     let load = LoadOptions { dtype: Some(dtype) };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
@@ -120,6 +222,15 @@ fn main() -> Result<()> {
             }
         }
     }
+    if a.fallback_arm {
+        providers.push(("fallback", Box::new(OneDraft), 1));
+    }
+    if let Some(keep) = &a.arms {
+        if let Some(bad) = keep.iter().find(|k| !providers.iter().any(|p| p.0 == k.as_str())) {
+            bail!("--arms: no arm {bad} (arms: {:?})", providers.iter().map(|p| p.0).collect::<Vec<_>>());
+        }
+        providers.retain(|p| keep.iter().any(|k| k == p.0));
+    }
     let all = load_prompts(&a.prompts)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: 0 };
     let base = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
@@ -129,30 +240,44 @@ fn main() -> Result<()> {
     let mut totals: Vec<(PromptKind, Vec<Arm>)> = Vec::new();
     for kind in [PromptKind::Grounded, PromptKind::Free] {
         let mut sums: Vec<Arm> = vec![Arm::default(); arms.len()];
-        for (i, p) in all.iter().filter(|p| p.kind == kind).take(a.num_prompts).enumerate() {
+        let chosen: Vec<_> = all.iter().filter(|p| p.kind == kind).take(a.num_prompts).enumerate().collect();
+        for (rep, (i, p)) in (0..a.repeats).flat_map(|r| chosen.iter().map(move |&p| (r, p))) {
             let ids = p.ids(&tok)?;
             let params = GenerateParams { sampler: Sampler { seed: i as u64, ..base.sampler.clone() }, ..base.clone() };
-            let (want, secs) = plain(&target, &ids, &params)?;
-            sums[0].tokens += want.len();
-            sums[0].decode_s += secs;
-            let mut row = serde_json::json!({"source": p.source, "prompt_tokens": ids.len(), "plain_tps": want.len() as f64 / secs});
-            for (slot, (_, provider, n)) in providers.iter().enumerate().map(|(i, p)| (i + 1, p)) {
-                let n = *n;
-                let mut source = provider.open(&target, &params.sampler)?;
-                let mut got = Vec::new();
-                let stats = speculative_generate(&target, source.as_mut(), &ids, &params, n, |t| {
-                    got.push(t);
-                    true
-                })?;
+            // Odd repetitions run the arms in reverse order (plain last), so a drift in the
+            // machine's load favours no arm.
+            let mut order: Vec<usize> = (0..arms.len()).collect();
+            if rep % 2 == 1 {
+                order.reverse();
+            }
+            let mut runs: Vec<Option<Run>> = (0..arms.len()).map(|_| None).collect();
+            for slot in order {
+                runs[slot] = Some(match slot {
+                    0 => plain(&target, &ids, &params)?,
+                    _ => {
+                        let (name, provider, n) = &providers[slot - 1];
+                        speculative(&target, provider.as_ref(), *name == "fallback", &ids, &params, *n)?
+                    }
+                });
+            }
+            let runs: Vec<Run> = runs.into_iter().map(|r| r.expect("every arm ran")).collect();
+            let want = &runs[0].tokens;
+            let mut row = serde_json::json!({"source": p.source, "repeat": rep, "prompt_tokens": ids.len()});
+            for (slot, run) in runs.iter().enumerate() {
                 let arm = &mut sums[slot];
-                arm.tokens += stats.emitted;
-                arm.decode_s += stats.decode_ms / 1e3;
-                arm.rounds += stats.rounds;
-                arm.accepted += stats.accepted;
-                arm.drafted += stats.drafted;
-                arm.mismatches += usize::from(got != want);
-                row[format!("{}_tps", arms[slot])] = stats.tokens_per_s.into();
-                row[format!("{}_tau", arms[slot])] = stats.tau.into();
+                row[format!("{}_steady_tps", arms[slot])] = arm.add_steady(&run.times).into();
+                row[format!("{}_median_step_tps", arms[slot])] = median_step_tps(&run.times).into();
+                row[format!("{}_tps", arms[slot])] = (run.tokens.len() as f64 / run.decode_s.max(1e-9)).into();
+                arm.tokens += run.tokens.len();
+                arm.decode_s += run.decode_s;
+                arm.mismatches += usize::from(&run.tokens != want);
+                if let Some(stats) = &run.stats {
+                    arm.rounds += stats.rounds;
+                    arm.accepted += stats.accepted;
+                    arm.drafted += stats.drafted;
+                    row[format!("{}_tau", arms[slot])] = stats.tau.into();
+                    row[format!("{}_fallback_at", arms[slot])] = stats.fallback_at.into();
+                }
             }
             eprintln!("{row}");
             rows.push(row);
@@ -164,8 +289,8 @@ fn main() -> Result<()> {
     println!("\ntarget {} ({}), draft {}, draft-b {}", a.target.display(), a.dtype, shown(&a.draft), shown(&a.draft_b));
     println!("sampler: {:?}", base.sampler);
     println!(
-        "{:<10} {:<12} {:>8} {:>7} {:>6} {:>7} {:>9}",
-        "prompts", "arm", "tok/s", "x plain", "tau", "accept", "mismatch"
+        "{:<10} {:<12} {:>8} {:>7} {:>8} {:>7} {:>6} {:>7} {:>9}",
+        "prompts", "arm", "tok/s", "x plain", "steady", "x plain", "tau", "accept", "mismatch"
     );
     for (kind, sums) in &totals {
         for (i, arm) in sums.iter().enumerate() {
@@ -175,15 +300,32 @@ fn main() -> Result<()> {
             let tau = if arm.rounds > 0 { (arm.accepted + arm.rounds) as f64 / arm.rounds as f64 } else { 1.0 };
             let rate = if arm.drafted > 0 { arm.accepted as f64 / arm.drafted as f64 } else { 0.0 };
             println!(
-                "{:<10} {:<12} {:>8.2} {:>7.2} {:>6.2} {:>7.2} {:>9}",
+                "{:<10} {:<12} {:>8.2} {:>7.2} {:>8.2} {:>7.3} {:>6.2} {:>7.2} {:>9}",
                 format!("{kind:?}").to_lowercase(),
                 arms[i],
                 arm.tps(),
                 arm.tps() / sums[0].tps(),
+                arm.steady_tps(),
+                arm.steady_tps() / sums[0].steady_tps(),
                 tau,
                 rate,
                 arm.mismatches
             );
+        }
+    }
+    // Per run, each arm's steady rate over plain's in the same repetition, and the same for
+    // the rate of the median step: medians are robust to runs and steps disturbed by other
+    // load on the machine.
+    for arm in &arms[1..] {
+        for key in ["steady_tps", "median_step_tps"] {
+            let mut ratios: Vec<f64> = rows
+                .iter()
+                .filter_map(|r| Some(r[format!("{arm}_{key}")].as_f64()? / r[format!("plain_{key}")].as_f64()?))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            if let Some(mid) = ratios.get(ratios.len() / 2) {
+                println!("{arm} / plain, {key} per run: median {mid:.3} over {} runs: {ratios:.3?}", ratios.len());
+            }
         }
     }
     if let Some(path) = &a.json {
@@ -197,12 +339,60 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Greedy plain decoding; returns the tokens and the decode time in seconds (prefill excluded).
-fn plain(target: &Transformer, ids: &[u32], params: &GenerateParams) -> Result<(Vec<u32>, f64)> {
+/// 1 / the median time between consecutive tokens after the second (0 for fewer than 4
+/// tokens), tokens/s.
+fn median_step_tps(times: &[Instant]) -> f64 {
+    if times.len() < 4 {
+        return 0.0;
+    }
+    let mut steps: Vec<f64> = times[1..].windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+    steps.sort_by(f64::total_cmp);
+    1.0 / steps[steps.len() / 2].max(1e-9)
+}
+
+/// One arm's run on one prompt.
+struct Run {
+    tokens: Vec<u32>,
+    /// Decode time, seconds (prefill excluded).
+    decode_s: f64,
+    /// When each token was handed over.
+    times: Vec<Instant>,
+    stats: Option<spec::SpecStats>,
+}
+
+/// Speculative decoding with `params`; `forced_fallback` gives the target a cache that refuses every
+/// rollback ([`NoRollback`]).
+fn speculative(
+    target: &Transformer,
+    provider: &dyn DraftProvider,
+    forced_fallback: bool,
+    ids: &[u32],
+    params: &GenerateParams,
+    n: usize,
+) -> Result<Run> {
+    let mut source = provider.open(target, &params.sampler)?;
+    let mut cache = target.make_cache();
+    if forced_fallback {
+        let layers = cache.layers.into_iter().map(|l| Box::new(NoRollback(l)) as Box<dyn LayerCache>);
+        cache = ModelCache { layers: layers.collect() };
+    }
+    let (mut tokens, mut times) = (Vec::new(), Vec::new());
+    let stats = speculative_generate_with_cache(target, cache, source.as_mut(), ids, params, n, |t| {
+        tokens.push(t);
+        times.push(Instant::now());
+        true
+    })?;
+    Ok(Run { tokens, decode_s: stats.decode_ms / 1e3, times, stats: Some(stats) })
+}
+
+/// Plain decoding with `params`.
+fn plain(target: &Transformer, ids: &[u32], params: &GenerateParams) -> Result<Run> {
     let mut out = Vec::new();
+    let mut times = Vec::new();
     let t0 = Instant::now();
     let stats = generate(target, ids, params, |t| {
         out.push(t);
+        times.push(Instant::now());
         true
     })?;
     let decode_s = if stats.generation_tps > 0.0 {
@@ -210,5 +400,5 @@ fn plain(target: &Transformer, ids: &[u32], params: &GenerateParams) -> Result<(
     } else {
         t0.elapsed().as_secs_f64()
     };
-    Ok((out, decode_s))
+    Ok(Run { tokens: out, decode_s, times, stats: None })
 }

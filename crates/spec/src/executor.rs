@@ -37,7 +37,10 @@ pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
 /// The tokens are exactly those [`models::generate::generate`] produces with the same
 /// `params` (see below); `num_draft_tokens` (`n`) bounds the drafts per round.
 ///
-/// Each round asks `source` for up to `min(n, max_tokens - emitted - 1)` drafts, runs one
+/// Each round asks `source` for up to `min(n, reach, max_tokens - emitted - 1)` drafts, with
+/// `reach` the target cache's exact-rollback reach ([`models::ModelCache::rollback_reach`]:
+/// 32 for the rotating sliding-window caches of [`Transformer::make_cache`], unbounded for
+/// full caches; a cap below `n` is recorded in [`SpecStats::draft_cap`]), runs one
 /// target forward (and one LM head) over `[pending] ++ drafts`, and walks the window: the
 /// token at position `i` is `params.sampler.sample(logits[i], step)` with `step` the number
 /// of tokens emitted so far, exactly as plain decoding samples step `step`. A draft equal to
@@ -47,9 +50,12 @@ pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
 /// `d - accepted` rejected positions; [`models::ModelCache::trim`] must report exactly that
 /// count (and every layer must say it can trim), otherwise the request re-prefills a fresh
 /// cache with `prompt ++ emitted` and continues as plain decoding
-/// ([`SpecStats::fallback_at`]). Prefill has the shape of plain decoding: the target caches
-/// `prompt[..n-1]` in chunks of [`PREFILL_CHUNK`] and the last prompt token heads the first
-/// window, so token 0 sees the same logits on both paths.
+/// ([`SpecStats::fallback_at`]) with the pipelined step of [`models::generate::decode`], as
+/// fast as [`models::generate::generate`]. With drafts capped at the reach, only a cache
+/// that breaks its reach promise (or cannot trim at all) falls back. Prefill has the shape
+/// of plain decoding: the target caches `prompt[..n-1]` in chunks of [`PREFILL_CHUNK`] and
+/// the last prompt token heads the first window, so token 0 sees the same logits on both
+/// paths.
 ///
 /// Losslessness holds when a window forward gives the same logits as one-token forwards;
 /// a backend whose window kernels round differently can flip a near-tie (see
@@ -109,6 +115,11 @@ pub fn speculative_generate_with_cache(
     memory::reset_peak();
     let start = Instant::now();
     let mut stats = SpecStats::new(prompt.len(), num_draft_tokens);
+    // Never draft more than the target cache can drop exactly: a window of `k + 1` tokens
+    // whose `k` drafts are all rejected must still roll back.
+    let reach = cache.rollback_reach().unwrap_or(usize::MAX);
+    stats.draft_cap = (reach < num_draft_tokens).then_some(reach);
+    let num_draft_tokens = num_draft_tokens.min(reach);
     let tap_layers = source.tap_layers().to_vec();
 
     let mut cache = cache;
@@ -123,13 +134,10 @@ pub fn speculative_generate_with_cache(
     let mut committed = prompt.to_vec();
     let mut pending = last;
     let mut feed = vec![last];
-    let mut plain = false;
     'rounds: while stats.emitted < params.max_tokens {
         let step = stats.emitted;
-        let n = if plain { 0 } else { num_draft_tokens.min(params.max_tokens - step - 1) };
-        let drafts = if plain {
-            Vec::new()
-        } else {
+        let n = num_draft_tokens.min(params.max_tokens - step - 1);
+        let drafts = {
             let t = Instant::now();
             let drafts = source.draft(&feed, n, step)?;
             stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -151,7 +159,7 @@ pub fn speculative_generate_with_cache(
         let window: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
         let what = || format!("target forward over the verify window {window:?} at step {step}");
         let tokens = ids(&window).context(what)?;
-        let (logits, taps) = if tap_layers.is_empty() || plain {
+        let (logits, taps) = if tap_layers.is_empty() {
             (target.forward(&tokens, &mut cache).context(what)?, None)
         } else {
             let out = target.forward_with_taps(&tokens, &mut cache, &tap_layers).context(what)?;
@@ -245,17 +253,17 @@ pub fn speculative_generate_with_cache(
             if trace {
                 eprintln!("[spec] target cache cannot drop {rollback} positions: plain decoding from here");
             }
+            drop((logits, taps));
             stats.fallback_at = Some(stats.emitted);
-            plain = true;
             cache = target.make_cache();
             let head = &committed[..committed.len() - 1];
             prefill_target(target, &mut cache, head, &[], &mut stats)?;
+            plain_decode(target, &mut cache, next, params, &mut stats, &mut on_token)?;
+            break 'rounds;
         }
-        if !plain {
-            let t = Instant::now();
-            source.commit(d, accepted, taps.as_deref())?;
-            stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
-        }
+        let t = Instant::now();
+        source.commit(d, accepted, taps.as_deref())?;
+        stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
         feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
         pending = next;
     }
@@ -263,6 +271,34 @@ pub fn speculative_generate_with_cache(
     stats.peak_memory_bytes = memory::peak();
     stats.finish();
     Ok(stats)
+}
+
+/// The rest of a request after a fallback, at plain decoding's speed: `cache` holds
+/// `prompt ++ emitted` except its last token `next`, and [`models::generate::decode`]
+/// continues from step `stats.emitted` with the same pipelined step and per-step sampler keys
+/// as [`models::generate::generate`]. Every step counts as a round with no drafts whose token
+/// is a bonus (the step that samples EOS counts as a round and emits nothing).
+fn plain_decode(
+    target: &Transformer,
+    cache: &mut ModelCache,
+    next: u32,
+    params: &GenerateParams,
+    stats: &mut SpecStats,
+    on_token: &mut impl FnMut(u32) -> bool,
+) -> Result<()> {
+    let step = stats.emitted;
+    let emitted = &mut stats.emitted;
+    let decoded = models::generate::decode(target, cache, next, step, params, |t| {
+        *emitted += 1;
+        on_token(t)
+    })
+    .context(|| format!("plain decoding from step {step} after the fallback"))?;
+    stats.rounds += decoded.steps;
+    stats.target_forwards += decoded.steps;
+    stats.empty_rounds += decoded.steps;
+    stats.bonuses += decoded.tokens;
+    stats.stopped_on_eos |= decoded.stopped_on_eos;
+    Ok(())
 }
 
 /// Prefills `cache` with `head` in chunks of [`PREFILL_CHUNK`], as

@@ -5,8 +5,9 @@
 /// # Definitions
 ///
 /// A *round* is one target forward over the verify window `[pending] ++ drafts` (`d` drafts,
-/// `0 <= d <= num_draft_tokens`); after a fallback to plain decoding every plain step is a
-/// round with `d = 0`. Every emitted token is counted exactly once, when it is handed to the
+/// `0 <= d <= num_draft_tokens`, and `d <= r` under a `draft_cap` of `r`); after a fallback
+/// to plain decoding every plain step whose token was read is a round with `d = 0` (the
+/// pipelined step queued ahead of the last one is not counted). Every emitted token is counted exactly once, when it is handed to the
 /// caller, as one of:
 ///
 /// - *accepted*: a draft token the target sampled too;
@@ -33,6 +34,11 @@ pub struct SpecStats {
     pub prompt_tokens: usize,
     /// The requested maximum drafts per round.
     pub num_draft_tokens: usize,
+    /// `Some(r)` when the target cache's exact-rollback reach `r`
+    /// ([`models::ModelCache::rollback_reach`]) is below `num_draft_tokens`: every round then
+    /// drafted at most `r` tokens (`drafted_by_pos` keeps `num_draft_tokens` slots; those from
+    /// `r` on stay 0).
+    pub draft_cap: Option<usize>,
     /// Verify rounds (including plain steps after a fallback).
     pub rounds: usize,
     /// Rounds with no drafts (`d = 0`): the source proposed nothing, no budget was left for
@@ -71,7 +77,8 @@ pub struct SpecStats {
     /// Whether an EOS token ended the request.
     pub stopped_on_eos: bool,
     /// `Some(k)` when, after `k` emitted tokens, the target cache could not roll back exactly
-    /// and the request continued as plain decoding from a re-prefilled cache.
+    /// and the request continued as plain decoding from a re-prefilled cache (with the
+    /// pipelined step of [`models::generate::decode`]; `decode_ms` includes the re-prefill).
     pub fallback_at: Option<usize>,
     /// MLX peak memory during the request, bytes.
     pub peak_memory_bytes: usize,

@@ -3,12 +3,14 @@
 //! for 120 tokens (the rotating caches wrap every 39 positions, so three to four times), with
 //! n-gram and two-model drafting and `num_draft_tokens` from 1 to 12, on prompts where most
 //! drafts are rejected; no request falls back to plain decoding (every rollback, at every
-//! ring offset, is exact). A cache whose rollback reach is smaller than the verify window
-//! still gives the same output, through the executor's fallback.
+//! ring offset, is exact). Drafts requested beyond the cache's rollback reach are capped at
+//! it (no fallback, same output); a cache that does not declare its too-small reach still
+//! gives the same output, through the executor's fallback to (pipelined) plain decoding.
 use std::path::PathBuf;
 
+use mlx_core::Array;
 use models::generate::generate;
-use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
+use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::ngram::NgramProvider;
 use spec::two_model::TwoModelProvider;
 use spec::{DraftProvider, SpecStats, speculative_generate, speculative_generate_with_cache};
@@ -101,29 +103,125 @@ fn gemma4_speculative_equals_plain_past_the_window_without_fallback() {
     check("gemma4", "gemma4_plain");
 }
 
+/// A run on a caller-made target cache.
+fn spec_with_cache(
+    target: &Transformer,
+    provider: &dyn DraftProvider,
+    cache: ModelCache,
+    prompt: &[u32],
+    params: &GenerateParams,
+    n: usize,
+) -> (Vec<u32>, SpecStats) {
+    let mut source = provider.open(target, &params.sampler).unwrap();
+    let mut out = Vec::new();
+    let stats = speculative_generate_with_cache(target, cache, source.as_mut(), prompt, params, n, |t| {
+        out.push(t);
+        true
+    })
+    .unwrap();
+    stats.check().unwrap();
+    assert_eq!(stats.emitted, out.len());
+    (out, stats)
+}
+
+/// Drafts requested beyond the target cache's exact-rollback reach are capped at it, so
+/// every rejected window still rolls back: no fallback, and the output is plain decoding's.
+/// The default reach (32; `n` 64, a drafter whose drafts are mostly rejected, so 32-token
+/// rollbacks happen on rings of 39 rows) and a reach of 3 (`n` 12).
+#[test]
+fn drafts_beyond_the_rollback_reach_are_capped_without_fallback() {
+    let target = load("gemma3");
+    let ngram = NgramProvider::default();
+    let other = TwoModelProvider::new(load("gemma3_untied"), "gemma3_untied");
+    for (p, prompt) in prompts().iter().enumerate() {
+        let want = plain(&target, prompt);
+        let runs: [(&str, &dyn DraftProvider, usize, usize); 3] =
+            [("two-model", &other, 64, 32), ("two-model", &other, 12, 3), ("ngram", &ngram, 12, 3)];
+        for (label, provider, n, reach) in runs {
+            let what = format!("prompt {p} {label} n={n} reach={reach}");
+            let cache = target.make_cache_with_rollback(reach);
+            assert_eq!(cache.rollback_reach(), Some(reach), "{what}");
+            let (got, stats) = spec_with_cache(&target, provider, cache, prompt, &params(), n);
+            assert_eq!(got, want, "{what}: {stats:?}");
+            assert_eq!(stats.fallback_at, None, "{what}: fell back: {stats:?}");
+            assert_eq!(stats.draft_cap, Some(reach), "{what}");
+            assert_eq!(stats.num_draft_tokens, n, "{what}");
+            assert!(stats.drafted_by_pos[reach..].iter().all(|&c| c == 0), "{what}: drafted past the cap: {stats:?}");
+            if label == "two-model" {
+                // The drafter always proposes the full budget, so windows reach the cap and
+                // the rejected part of a full-length window is rolled back.
+                assert!(stats.drafted_by_pos[reach - 1] > 0, "{what}: never drafted up to the cap: {stats:?}");
+                assert!(stats.drafted_by_pos[reach - 1] > stats.accepted_by_pos[reach - 1], "{what}: {stats:?}");
+            }
+        }
+    }
+    // A reach at or above the request does not cap.
+    let (got, stats) = spec(&target, &other, &prompts()[0], 12);
+    assert_eq!(got, plain(&target, &prompts()[0]));
+    assert_eq!(stats.draft_cap, None);
+}
+
+/// A rotating layer that does not declare its reach ([`LayerCache::rollback_reach`] `None`,
+/// as a cache type written before the query would): the executor drafts past what it can
+/// roll back and has to fall back.
+struct Undeclared(Box<dyn LayerCache>);
+
+impl LayerCache for Undeclared {
+    fn offset(&self) -> usize {
+        self.0.offset()
+    }
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> models::Result<(Array, Array)> {
+        self.0.update_and_fetch(keys, values)
+    }
+    fn can_trim(&self, n: usize) -> bool {
+        self.0.can_trim(n)
+    }
+    fn trim(&mut self, n: usize) -> usize {
+        self.0.trim(n)
+    }
+    fn state(&self) -> Vec<Array> {
+        self.0.state()
+    }
+    fn attention_mask(&self) -> models::Result<Option<Array>> {
+        self.0.attention_mask()
+    }
+}
+
+/// A forced fallback: rotating layers with a reach of 2 that do not declare it, 12 drafts per
+/// round. Once a rollback of more than 2 positions fails on a wrapped ring, the request
+/// continues as plain decoding (re-prefilled, pipelined) and the output is still plain
+/// decoding's, greedy and seeded-sampled, at the fallback and to the end.
 #[test]
 fn a_rollback_beyond_the_ring_falls_back_and_stays_lossless() {
     let target = load("gemma3");
     let ngram = NgramProvider::default();
+    let other = TwoModelProvider::new(load("gemma3_untied"), "gemma3_untied");
+    let sampled =
+        GenerateParams { sampler: Sampler { temp: 0.8, top_p: 0.95, seed: 5, ..Sampler::default() }, ..params() };
     let prompt = &prompts()[1];
-    let want = plain(&target, prompt);
-    // A reach of 2: 13-token windows go through the concatenation path, and rejecting more
-    // than 2 of their drafts cannot be rolled back once the ring has wrapped.
-    let mut source = ngram.open(&target, &params().sampler).unwrap();
-    let mut got = Vec::new();
-    let stats = speculative_generate_with_cache(
-        &target,
-        target.make_cache_with_rollback(2),
-        source.as_mut(),
-        prompt,
-        &params(),
-        12,
-        |t| {
-            got.push(t);
+    let mut fallbacks = 0;
+    for params in [params(), sampled] {
+        let mut want = Vec::new();
+        generate(&target, prompt, &params, |t| {
+            want.push(t);
             true
-        },
-    )
-    .unwrap();
-    assert_eq!(got, want);
-    assert!(stats.fallback_at.is_some(), "expected a fallback: {stats:?}");
+        })
+        .unwrap();
+        let runs: [(&str, &dyn DraftProvider); 2] = [("ngram", &ngram), ("two-model", &other)];
+        for (label, provider) in runs {
+            let what = format!("{label} temp {}", params.sampler.temp);
+            let layers = target.make_cache_with_rollback(2).layers;
+            let cache = ModelCache {
+                layers: layers.into_iter().map(|l| Box::new(Undeclared(l)) as Box<dyn LayerCache>).collect(),
+            };
+            assert_eq!(cache.rollback_reach(), None);
+            let (got, stats) = spec_with_cache(&target, provider, cache, prompt, &params, 12);
+            assert_eq!(got, want, "{what}: {stats:?}");
+            assert_eq!(stats.draft_cap, None, "{what}");
+            let Some(at) = stats.fallback_at else { panic!("{what}: expected a fallback: {stats:?}") };
+            assert!(at < MAX_TOKENS - 10, "{what}: fell back too late to test the plain part: {stats:?}");
+            fallbacks += 1;
+        }
+    }
+    assert_eq!(fallbacks, 4);
 }

@@ -241,6 +241,12 @@ impl LayerCache for RotatingKvCache {
         n
     }
 
+    /// `Some(R)`, [`RotatingKvCache::rollback`]: after any write of `L` positions, the last
+    /// `min(R, L)` can be dropped exactly.
+    fn rollback_reach(&self) -> Option<usize> {
+        Some(self.rollback)
+    }
+
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
     }
