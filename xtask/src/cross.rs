@@ -5,11 +5,18 @@
 //! 1. `cargo build --workspace --all-targets --target aarch64-unknown-linux-gnu` (every library,
 //!    binary, test, bench and example compiles and links for the target; mlx-sys's build script
 //!    downloads the `mlx-cpu` aarch64 wheel into its own cache directory);
-//! 2. `cargo test --target … --lib` of [`LIB_PACKAGES`] under `qemu-aarch64 -L
-//!    /usr/aarch64-linux-gnu` (the sysroot of Debian's cross toolchain);
-//! 3. the integration tests in [`KERNEL_TESTS`]: mlx-sys's CPU kernels (quantized and dense
-//!    matmul, attention, RMS norm and RoPE, the BLAS switch's matrix-vector rewrite) against
-//!    MLX's own results, on the portable C++ path that non-x86 targets compile.
+//! 2. `cargo test --workspace --target … --lib` under `qemu-aarch64 -L /usr/aarch64-linux-gnu`
+//!    (the sysroot of Debian's cross toolchain): the unit tests of [`LIB_PACKAGES`], the only
+//!    members that have any (the step fails if another member gains some, so that the list
+//!    stays true);
+//! 3. `cargo test --workspace --target … --test …` of the integration tests in [`KERNEL_TESTS`]:
+//!    mlx-sys's CPU kernels (quantized and dense matmul, attention, RMS norm and RoPE, the BLAS
+//!    switch's matrix-vector rewrite) against MLX's own results, on the portable C++ path that
+//!    non-x86 targets compile.
+//!
+//! Steps 2 and 3 select `--workspace`, as step 1 does, so that dependencies resolve to the
+//! same features and nothing is compiled again (`-p` of a few members would rebuild most of
+//! the dependency tree with fewer features).
 //!
 //! Real-weight tests (they download models) and the benches are built in step 1 but not run.
 //! Needs (Debian): `g++-aarch64-linux-gnu`, `qemu-user`, and `rustup target add
@@ -102,6 +109,49 @@ pub enum CrossError {
     /// The emulator's sysroot (the target's libc and libstdc++) is missing.
     #[error("{0}: no sysroot for the emulator (Debian: apt-get install g++-aarch64-linux-gnu)")]
     MissingSysroot(&'static str),
+    /// A workspace member outside [`LIB_PACKAGES`] has unit tests, which `--workspace --lib`
+    /// would run too.
+    #[error("unit tests in {0}: add them to LIB_PACKAGES in xtask/src/cross.rs (and the README) or exclude them")]
+    UnlistedUnitTests(String),
+}
+
+/// Workspace members whose library sources contain a `#[test]` (a plain text search of
+/// `crates/<member>/src`).
+fn members_with_unit_tests() -> Result<Vec<String>> {
+    let crates = super::root().join("crates");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&crates)? {
+        let dir = entry?.path();
+        let Some(name) = package_name(&dir.join("Cargo.toml"))? else { continue };
+        if has_test_attr(&dir.join("src"))? {
+            found.push(name);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The `name` of a `[package]` manifest (`None` where there is no manifest).
+fn package_name(manifest: &Path) -> Result<Option<String>> {
+    let Ok(text) = std::fs::read_to_string(manifest) else { return Ok(None) };
+    Ok(text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("name")?.trim_start().strip_prefix('=')?;
+        Some(rest.trim().trim_matches('"').to_string())
+    }))
+}
+
+fn has_test_attr(dir: &Path) -> Result<bool> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if has_test_attr(&path)? {
+                return Ok(true);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") && std::fs::read_to_string(&path)?.contains("#[test]") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn on_path(tool: &str) -> bool {
@@ -153,26 +203,24 @@ pub fn run(args: Args, cargo: fn() -> Command) -> Result<()> {
 
         let t = Instant::now();
         let mut c = cargo();
-        c.args(["test", "--target", triple, "--lib"]);
-        for p in LIB_PACKAGES {
-            c.args(["-p", p]);
+        c.args(["test", "--workspace", "--target", triple, "--lib"]);
+        let others =
+            members_with_unit_tests()?.into_iter().filter(|m| !LIB_PACKAGES.contains(&m.as_str())).collect::<Vec<_>>();
+        if !others.is_empty() {
+            return Err(CrossError::UnlistedUnitTests(others.join(", ")).into());
         }
         super::run(with_runner(c))?;
         steps.push((format!("unit tests (--lib) of {}", LIB_PACKAGES.join(", ")), t.elapsed().as_secs_f64()));
 
-        let mut packages: Vec<&str> = KERNEL_TESTS.iter().map(|(p, _)| *p).collect();
-        packages.dedup();
-        for package in packages {
-            let t = Instant::now();
-            let mut c = cargo();
-            c.args(["test", "--target", triple, "-p", package]);
-            let names: Vec<&str> = KERNEL_TESTS.iter().filter(|(p, _)| *p == package).map(|(_, t)| *t).collect();
-            for name in &names {
-                c.args(["--test", name]);
-            }
-            super::run(with_runner(c))?;
-            steps.push((format!("kernel tests of {package}: {}", names.join(", ")), t.elapsed().as_secs_f64()));
+        let t = Instant::now();
+        let mut c = cargo();
+        c.args(["test", "--workspace", "--target", triple]);
+        for (_, name) in KERNEL_TESTS {
+            c.args(["--test", name]);
         }
+        super::run(with_runner(c))?;
+        let names: Vec<String> = KERNEL_TESTS.iter().map(|(p, t)| format!("{p}/{t}")).collect();
+        steps.push((format!("kernel tests {}", names.join(", ")), t.elapsed().as_secs_f64()));
         let how = runner.as_deref().unwrap_or("natively");
         eprintln!("cross-test {triple}: tests ran {how}");
     }
