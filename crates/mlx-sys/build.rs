@@ -14,10 +14,19 @@
 //!    unpacked there, keeping `mlx/` and `mlx_*.libs/` side by side (libmlx's RPATH
 //!    points from one to the other).
 //!
+//! Everything follows the *target* (`CARGO_CFG_TARGET_OS`, `CARGO_CFG_TARGET_ARCH`), not the
+//! machine running the build: when cross-compiling (`TARGET` differs from `HOST`, e.g.
+//! `cargo build --target aarch64-unknown-linux-gnu` on x86_64), step 2 is skipped (the host's
+//! Python has the host's MLX), and step 3 downloads the Linux wheel for the target's
+//! architecture (`pip download --platform manylinux_2_NN_<arch>`) into its own cache directory,
+//! `<cache>/<package>-<version>-<target triple>`. On Linux the architecture of the `libmlx.so`
+//! found (ELF machine) must be the target's, whichever step found it.
+//!
 //! Metadata for dependents (`links = "mlx"`): `DEP_MLX_LIBDIR` (the directory to put in
 //! an executable's rpath), `DEP_MLX_INCLUDE`, `DEP_MLX_ROOT`.
 use std::{
     env, fs,
+    io::Read,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -26,7 +35,7 @@ use std::{
 const MLX_VERSION: &str = "0.32.4";
 
 fn main() {
-    for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE"] {
+    for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     for f in [
@@ -43,10 +52,17 @@ fn main() {
         println!("cargo:rerun-if-changed={f}");
     }
 
-    let root = find_mlx();
+    let target = Target::from_env();
+    let root = find_mlx(&target);
+    if let Err(msg) = target.check_arch(&root.join("lib/libmlx.so")) {
+        fail(
+            &msg,
+            "set MLX_DIR to an MLX build for the target, or unset it and MLX_PYTHON to download the target's wheel",
+        );
+    }
     let inc = root.join("include");
     let lib = root.join("lib");
-    let reference_blas = bundled_blas(&root);
+    let reference_blas = bundled_blas(&target, &root);
 
     let mut build = cxx_build::bridge("src/lib.rs");
     build
@@ -65,6 +81,9 @@ fn main() {
         // GCC 12 flags the `_mm512_undefined_*()` inside its own AVX-512 intrinsics.
         .flag_if_supported("-Wno-maybe-uninitialized")
         .flag_if_supported("-Wno-uninitialized")
+        // GCC for aarch64 notes an ABI change of GCC 10.1 at every std::pair<float, float> in
+        // MLX's headers; nothing here is compiled with an older GCC.
+        .flag_if_supported("-Wno-psabi")
         .opt_level(2);
     // The BLAS switch (src/blas.cc) only exists where libmlx calls a separate CBLAS
     // library, i.e. the Linux wheels; macOS uses Accelerate inside libmlx.
@@ -80,11 +99,18 @@ fn main() {
     let out_dir = env::var("OUT_DIR").unwrap();
     println!("cargo:rustc-link-search=native={out_dir}");
     println!("cargo:rustc-link-lib=static:+whole-archive=mlx_sys_shim");
-    let cxx_std = if cfg!(target_os = "macos") { "c++" } else { "stdc++" };
+    let cxx_std = if target.os == "macos" { "c++" } else { "stdc++" };
     println!("cargo:rustc-link-lib=dylib={cxx_std}");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
+    // A cross linker does not follow libmlx's own RUNPATH to its dependencies (the wheel's
+    // `mlx_*.libs/`), so name them for it; a native linker does this by itself.
+    if target.cross {
+        for dir in wheel_lib_dirs(&root) {
+            println!("cargo:rustc-link-arg=-Wl,-rpath-link,{}", dir.display());
+        }
+    }
     if reference_blas.is_some() {
         println!("cargo:rustc-link-lib=dylib=dl");
     }
@@ -101,7 +127,64 @@ fn is_mlx_root(p: &Path) -> bool {
     p.join("include/mlx/mlx.h").is_file() && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
 }
 
-fn find_mlx() -> PathBuf {
+/// What the build is for: the target's OS and architecture, and whether that differs from
+/// the machine running the build.
+struct Target {
+    triple: String,
+    os: String,
+    arch: String,
+    cross: bool,
+}
+
+impl Target {
+    fn from_env() -> Self {
+        let var = |k: &str| env::var(k).unwrap_or_default();
+        let (triple, host) = (var("TARGET"), var("HOST"));
+        Target {
+            cross: !triple.is_empty() && triple != host,
+            triple,
+            os: var("CARGO_CFG_TARGET_OS"),
+            arch: var("CARGO_CFG_TARGET_ARCH"),
+        }
+    }
+
+    /// The ELF machine number of the target's architecture (`None` where this build script does
+    /// not know it, or the target is not an ELF platform).
+    fn elf_machine(&self) -> Option<u16> {
+        if self.os != "linux" {
+            return None;
+        }
+        match self.arch.as_str() {
+            "x86_64" => Some(62),
+            "aarch64" => Some(183),
+            _ => None,
+        }
+    }
+
+    /// Checks that the shared library `lib` is built for the target's architecture.
+    fn check_arch(&self, lib: &Path) -> Result<(), String> {
+        let Some(want) = self.elf_machine() else { return Ok(()) };
+        let mut head = [0u8; 20];
+        fs::File::open(lib)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .map_err(|e| format!("cannot read the ELF header of {}: {e}", lib.display()))?;
+        if &head[..4] != b"\x7fELF" {
+            return Err(format!("{} is not an ELF file", lib.display()));
+        }
+        let got = u16::from_le_bytes([head[18], head[19]]);
+        if got != want {
+            return Err(format!(
+                "{} is built for another architecture (ELF machine {got}) than the target {} ({}, ELF machine {want})",
+                lib.display(),
+                self.triple,
+                self.arch
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn find_mlx(target: &Target) -> PathBuf {
     if let Ok(dir) = env::var("MLX_DIR") {
         let p = PathBuf::from(&dir);
         if !is_mlx_root(&p) {
@@ -113,13 +196,13 @@ fn find_mlx() -> PathBuf {
         }
         return p;
     }
-    if env::var_os("MLX_BACKEND").is_none() {
+    if env::var_os("MLX_BACKEND").is_none() && !target.cross {
         let py = env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
         if let Some(p) = python_mlx(&py) {
             return p;
         }
     }
-    download_wheel()
+    download_wheel(target)
 }
 
 /// Asks `py` where its `mlx` namespace package lives; `None` when it has none.
@@ -131,8 +214,8 @@ fn python_mlx(py: &str) -> Option<PathBuf> {
     String::from_utf8_lossy(&out.stdout).lines().map(|l| PathBuf::from(l.trim())).find(|p| is_mlx_root(p))
 }
 
-fn backend_package() -> &'static str {
-    let default = if cfg!(target_os = "macos") { "metal" } else { "cpu" };
+fn backend_package(target: &Target) -> &'static str {
+    let default = if target.os == "macos" { "metal" } else { "cpu" };
     let backend = env::var("MLX_BACKEND").unwrap_or_else(|_| default.into());
     match backend.as_str() {
         "cpu" => "mlx-cpu",
@@ -168,10 +251,15 @@ impl Drop for Staging {
 }
 
 /// Downloads and unpacks the pinned wheel once; later builds reuse the unpacked copy.
-fn download_wheel() -> PathBuf {
-    let pkg = backend_package();
+fn download_wheel(target: &Target) -> PathBuf {
+    let pkg = backend_package(target);
     let cache = cache_dir();
-    let dest = cache.join(format!("{pkg}-{MLX_VERSION}"));
+    // The host's own wheel keeps its old place; a cross target's gets a directory of its own.
+    let dest = if target.cross {
+        cache.join(format!("{pkg}-{MLX_VERSION}-{}", target.triple))
+    } else {
+        cache.join(format!("{pkg}-{MLX_VERSION}"))
+    };
     let root = dest.join("mlx");
     if is_mlx_root(&root) {
         return root;
@@ -186,14 +274,12 @@ fn download_wheel() -> PathBuf {
     // replayed on every later build even though nothing is downloaded then.
     eprintln!("mlx-sys: downloading {pkg}=={MLX_VERSION} into {}", dest.display());
     let pip_hint = "set MLX_DIR to an unpacked MLX wheel, or make `python3 -m pip download` work";
-    run(
-        Command::new(&py)
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
-            .arg(format!("{pkg}=={MLX_VERSION}"))
-            .arg("-d")
-            .arg(&staging.0),
-        pip_hint,
-    );
+    let mut pip = Command::new(&py);
+    pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]);
+    if target.cross {
+        pip.args(cross_platform_tags(target).iter().flat_map(|t| ["--platform", t.as_str()]));
+    }
+    run(pip.arg(format!("{pkg}=={MLX_VERSION}")).arg("-d").arg(&staging.0), pip_hint);
     let wheel = fs::read_dir(&staging.0)
         .ok()
         .and_then(|rd| rd.filter_map(Result::ok).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "whl")))
@@ -218,20 +304,41 @@ fn download_wheel() -> PathBuf {
     root
 }
 
-/// The reference CBLAS that the Linux wheels ship beside libmlx (`mlx_cpu.libs/libblas-*.so*`).
-fn bundled_blas(root: &Path) -> Option<PathBuf> {
-    if !cfg!(target_os = "linux") {
-        return None;
+/// The `--platform` tags for `pip download` of a cross target's wheel: the manylinux tags of
+/// its architecture (pip does not expand `manylinux_2_NN` to older ones by itself, and the
+/// pinned wheels are `manylinux_2_35`).
+fn cross_platform_tags(target: &Target) -> Vec<String> {
+    if target.os != "linux" {
+        fail(
+            &format!("cannot download an MLX wheel for the cross target {}", target.triple),
+            "only Linux cross targets have a pinned wheel; set MLX_DIR to an MLX build for the target",
+        );
     }
-    let parent = root.parent()?;
-    let mut dirs: Vec<PathBuf> = fs::read_dir(parent)
-        .ok()?
+    (17..=40).rev().map(|minor| format!("manylinux_2_{minor}_{}", target.arch)).collect()
+}
+
+/// `mlx_*.libs/` beside an unpacked wheel's `mlx/` (libmlx's bundled dependencies), then `mlx/lib`.
+fn wheel_lib_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = root
+        .parent()
+        .and_then(|parent| fs::read_dir(parent).ok())
+        .into_iter()
+        .flatten()
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".libs")))
         .collect();
+    dirs.sort();
     dirs.push(root.join("lib"));
-    dirs.iter().find_map(|d| {
+    dirs
+}
+
+/// The reference CBLAS that the Linux wheels ship beside libmlx (`mlx_cpu.libs/libblas-*.so*`).
+fn bundled_blas(target: &Target, root: &Path) -> Option<PathBuf> {
+    if target.os != "linux" {
+        return None;
+    }
+    wheel_lib_dirs(root).iter().find_map(|d| {
         fs::read_dir(d).ok()?.filter_map(Result::ok).map(|e| e.path()).find(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("libblas") && n.to_string_lossy().contains(".so"))

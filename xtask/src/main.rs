@@ -14,6 +14,8 @@
 //!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
 //!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
 //! - `bench-quantize`: time and peak RSS of `mlx-spec quantize` vs `mlx_lm.convert -q`.
+//! - `cross-test aarch64`: the workspace cross-built for 64-bit ARM Linux, and a chosen set of
+//!   its tests run under qemu user-mode emulation (see [`cross`]).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::process::Output;
@@ -23,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench_quantize;
+mod cross;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -222,6 +225,10 @@ enum Cmd {
     Fixtures,
     /// Time and peak RSS to quantize a model: `mlx-spec quantize` vs `mlx_lm.convert -q`.
     BenchQuantize(bench_quantize::Args),
+    /// Cross-build the workspace (all targets) for another architecture and run the unit tests
+    /// of mlx-core, models, spec and drafter plus the CPU kernel tests against MLX under
+    /// qemu user-mode emulation.
+    CrossTest(cross::Args),
 }
 
 fn main() -> Result<()> {
@@ -247,6 +254,7 @@ fn main() -> Result<()> {
         Cmd::BenchGenerate(args) => bench_generate(args),
         Cmd::BenchDecode(args) => bench_decode(args),
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
+        Cmd::CrossTest(args) => cross::run(args, cargo),
     }
 }
 

@@ -185,8 +185,6 @@ bool attn_cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
-#else
-bool attn_cpu_has_avx2() { return false; }
 #endif
 
 std::atomic<uint64_t> g_attn_calls{0};
