@@ -115,15 +115,16 @@ pub enum CrossError {
     UnlistedUnitTests(String),
 }
 
-/// Workspace members whose library sources contain a `#[test]` (a plain text search of
-/// `crates/<member>/src`).
+/// Workspace members with a library (`src/lib.rs`, what `--lib` runs) whose sources contain
+/// a `#[test]` (a plain text search of `crates/<member>/src`). The unit tests of a binary-only
+/// member (the CLI) are not run by `--lib`.
 fn members_with_unit_tests() -> Result<Vec<String>> {
     let crates = super::root().join("crates");
     let mut found = Vec::new();
     for entry in std::fs::read_dir(&crates)? {
         let dir = entry?.path();
         let Some(name) = package_name(&dir.join("Cargo.toml"))? else { continue };
-        if has_test_attr(&dir.join("src"))? {
+        if dir.join("src/lib.rs").is_file() && has_test_attr(&dir.join("src"))? {
             found.push(name);
         }
     }
