@@ -202,6 +202,22 @@ fn dflash_checkpoint_drafts_argmax_of_base_logits() {
     }
 }
 
+/// A tiny 3-layer target and its DSpark drafter under `root`; returns the drafter's directory.
+fn tiny_dspark(root: &Path) -> PathBuf {
+    let (t, d) = (root.join("target"), root.join("dspark"));
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::create_dir_all(&d).unwrap();
+    write_tiny_target(&t, 3, 0.3).unwrap();
+    write_tiny_dspark(&d, &t, 3).unwrap();
+    d
+}
+
+/// `rows` standard-normal context features `[1, rows, feature_width]` from `seed`.
+fn random_feats(dr: &Drafter, rows: i32, seed: u64) -> Array {
+    let width = dr.config().feature_width() as i32;
+    mlx_core::random::normal(&[1, rows, width], Dtype::Float32, 0.0, 1.0, &mlx_core::random::Key::new(seed)).unwrap()
+}
+
 /// Sampled drafting ([`Drafter::propose_sampled`]) draws Markov slot `k` from `z_k` with the
 /// request sampler's key of step `step + k`, so a target sampling that step with the same
 /// distribution draws the same token; a greedy sampler gives [`Drafter::propose`]'s drafts,
@@ -209,15 +225,9 @@ fn dflash_checkpoint_drafts_argmax_of_base_logits() {
 #[test]
 fn sampled_markov_drafts_use_the_step_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
-    std::fs::create_dir_all(&t).unwrap();
-    std::fs::create_dir_all(&d).unwrap();
-    write_tiny_target(&t, 3, 0.3).unwrap();
-    write_tiny_dspark(&d, &t, 3).unwrap();
+    let d = tiny_dspark(dir.path());
     let dr = Drafter::load(&d, &f32_load()).unwrap();
-    let width = dr.config().feature_width() as i32;
-    let feats =
-        mlx_core::random::normal(&[1, 6, width], Dtype::Float32, 0.0, 1.0, &mlx_core::random::Key::new(2)).unwrap();
+    let feats = random_feats(&dr, 6, 2);
     let run = |sampler: &models::Sampler, step: usize| {
         let mut ctx = dr.new_context();
         dr.ingest(&mut ctx, &feats).unwrap();
@@ -246,16 +256,10 @@ fn sampled_markov_drafts_use_the_step_keys() {
 #[test]
 fn quantized_drafter_loads_and_tracks_bf16() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
-    std::fs::create_dir_all(&t).unwrap();
-    std::fs::create_dir_all(&d).unwrap();
-    write_tiny_target(&t, 3, 0.3).unwrap();
-    write_tiny_dspark(&d, &t, 3).unwrap();
+    let d = tiny_dspark(dir.path());
     let bf16 = Drafter::load(&d, &f32_load()).unwrap();
     assert!(bf16.quantized_modules().is_empty());
-    let width = bf16.config().feature_width() as i32;
-    let feats =
-        mlx_core::random::normal(&[1, 9, width], Dtype::Float32, 0.0, 1.0, &mlx_core::random::Key::new(5)).unwrap();
+    let feats = random_feats(&bf16, 9, 5);
     let run = |dr: &Drafter| {
         let mut ctx = dr.new_context();
         dr.ingest(&mut ctx, &feats).unwrap();

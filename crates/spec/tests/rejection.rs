@@ -7,10 +7,13 @@
 //! holds under every sampling filter (top-k, top-p, min-p and their combination), for a
 //! sampling drafter and for a deterministic one (one-hot `q`), and a drafter identical to the
 //! target is accepted every time under both rules, with any filter and temperature.
+mod common;
+
 use std::path::PathBuf;
 
 use mlx_core::Array;
-use models::generate::{generate, ids};
+use common::next_distribution;
+use models::generate::generate;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::two_model::{DraftSampling, TwoModelProvider, TwoModelSource};
 use spec::{Acceptance, DraftProvider, DraftSource, SpecOptions, speculative_generate};
@@ -18,15 +21,6 @@ use spec::{Acceptance, DraftProvider, DraftSource, SpecOptions, speculative_gene
 fn load(name: &str) -> Transformer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity").join(name);
     load_model(&dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("load {name}: {e}"))
-}
-
-/// The sampler's distribution `[V]` after `tokens`, as plain decoding draws the next token.
-fn next_distribution(model: &Transformer, tokens: &[u32], sampler: &Sampler) -> Vec<f64> {
-    let mut cache = model.make_cache();
-    let logits = model.forward(&ids(tokens).unwrap(), &mut cache).unwrap();
-    let last = logits.slice_axis(1, -1, i32::MAX).unwrap();
-    let p: Vec<f32> = sampler.probs(&last).unwrap().to_vec().unwrap();
-    p.into_iter().map(f64::from).collect()
 }
 
 /// Pearson's chi-square of `counts` against `probs`, with the cells of expected count below

@@ -16,10 +16,9 @@
 //!   (before coupled drafting it drafted greedily and was accepted 16-63% of the time).
 mod common;
 
-use common::{plain, spec_open};
+use common::{next_distribution, plain, spec_open};
 use mlx_core::Dtype;
 use models::default_model::ensure_default_model;
-use models::generate::ids;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::NgramProvider;
@@ -33,16 +32,6 @@ fn load() -> (Transformer, Tokenizer, std::path::PathBuf) {
     let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     (model, tok, dir)
-}
-
-/// The sampler's distribution of the token after `prompt`, exactly as plain decoding
-/// samples it.
-fn first_token_distribution(model: &Transformer, prompt: &[u32], sampler: &Sampler) -> Vec<f64> {
-    let mut cache = model.make_cache();
-    let logits = model.forward(&ids(prompt).unwrap(), &mut cache).unwrap();
-    let last = logits.slice_axis(1, -1, i32::MAX).unwrap();
-    let p: Vec<f32> = sampler.probs(&last).unwrap().to_vec().unwrap();
-    p.into_iter().map(f64::from).collect()
 }
 
 #[test]
@@ -64,7 +53,7 @@ fn smollm2_rejection_rule_under_filters() {
         ),
     ];
     for (label, base, runs) in filters {
-        let p = first_token_distribution(&target, &prompt, &base);
+        let p = next_distribution(&target, &prompt, &base);
         let kept = p.iter().filter(|&&x| x > 0.0).count();
         let mut counts = vec![0usize; p.len()];
         let mut first_drafts_blue = 0;

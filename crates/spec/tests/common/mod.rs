@@ -2,8 +2,8 @@
 //! speculative request, both collecting the emitted tokens.
 #![allow(dead_code)]
 
-use models::generate::generate;
-use models::{GenerateParams, Transformer};
+use models::generate::{generate, ids};
+use models::{GenerateParams, Sampler, Transformer};
 use spec::{DraftProvider, DraftSource, SpecOptions, SpecStats, speculative_generate};
 
 /// The tokens plain decoding emits.
@@ -45,4 +45,14 @@ pub fn spec_open(
 ) -> (Vec<u32>, SpecStats) {
     let mut source = provider.open(target, &params.sampler).unwrap();
     spec_run(target, source.as_mut(), prompt, params, options)
+}
+
+/// The sampler's distribution `[V]` of the token after `tokens` (`Sampler::probs`: filtered,
+/// renormalised), exactly as plain decoding draws it.
+pub fn next_distribution(model: &Transformer, tokens: &[u32], sampler: &Sampler) -> Vec<f64> {
+    let mut cache = model.make_cache();
+    let logits = model.forward(&ids(tokens).unwrap(), &mut cache).unwrap();
+    let last = logits.slice_axis(1, -1, i32::MAX).unwrap();
+    let p: Vec<f32> = sampler.probs(&last).unwrap().to_vec().unwrap();
+    p.into_iter().map(f64::from).collect()
 }
