@@ -11,8 +11,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use mlx_core::Array;
 use common::next_distribution;
+use mlx_core::Array;
 use models::generate::generate;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::two_model::{DraftSampling, TwoModelProvider, TwoModelSource};
