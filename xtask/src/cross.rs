@@ -115,30 +115,33 @@ pub enum CrossError {
     UnlistedUnitTests(String),
 }
 
-/// Workspace members with a library (`src/lib.rs`, what `--lib` runs) whose sources contain
-/// a `#[test]` (a plain text search of `crates/<member>/src`). The unit tests of a binary-only
-/// member (the CLI) are not run by `--lib`.
-fn members_with_unit_tests() -> Result<Vec<String>> {
-    let crates = super::root().join("crates");
+/// Workspace members with a library target (what `--lib` runs) whose library sources
+/// contain a `#[test]` (a plain text search of the directory of the library's root file),
+/// from `cargo metadata`. The unit tests of a binary-only member (the CLI) are not run by
+/// `--lib`.
+fn members_with_unit_tests(cargo: fn() -> Command) -> Result<Vec<String>> {
+    let out = cargo().args(["metadata", "--no-deps", "--format-version", "1"]).output()?;
+    if !out.status.success() {
+        anyhow::bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(&crates)? {
-        let dir = entry?.path();
-        let Some(name) = package_name(&dir.join("Cargo.toml"))? else { continue };
-        if dir.join("src/lib.rs").is_file() && has_test_attr(&dir.join("src"))? {
-            found.push(name);
+    for package in meta["packages"].as_array().into_iter().flatten() {
+        let libs = package["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "lib" || k == "rlib")));
+        for lib in libs {
+            let Some(dir) = lib["src_path"].as_str().and_then(|p| Path::new(p).parent()) else { continue };
+            if has_test_attr(dir)? {
+                found.push(package["name"].as_str().unwrap_or_default().to_string());
+            }
         }
     }
     found.sort();
+    found.dedup();
     Ok(found)
-}
-
-/// The `name` of a `[package]` manifest (`None` where there is no manifest).
-fn package_name(manifest: &Path) -> Result<Option<String>> {
-    let Ok(text) = std::fs::read_to_string(manifest) else { return Ok(None) };
-    Ok(text.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("name")?.trim_start().strip_prefix('=')?;
-        Some(rest.trim().trim_matches('"').to_string())
-    }))
 }
 
 fn has_test_attr(dir: &Path) -> Result<bool> {
@@ -205,8 +208,10 @@ pub fn run(args: Args, cargo: fn() -> Command) -> Result<()> {
         let t = Instant::now();
         let mut c = cargo();
         c.args(["test", "--workspace", "--target", triple, "--lib"]);
-        let others =
-            members_with_unit_tests()?.into_iter().filter(|m| !LIB_PACKAGES.contains(&m.as_str())).collect::<Vec<_>>();
+        let others = members_with_unit_tests(cargo)?
+            .into_iter()
+            .filter(|m| !LIB_PACKAGES.contains(&m.as_str()))
+            .collect::<Vec<_>>();
         if !others.is_empty() {
             return Err(CrossError::UnlistedUnitTests(others.join(", ")).into());
         }

@@ -132,11 +132,6 @@ impl LayerCache for KvCache {
         n
     }
 
-    /// Unbounded: every stored position can be dropped.
-    fn rollback_reach(&self) -> Option<usize> {
-        None
-    }
-
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
     }

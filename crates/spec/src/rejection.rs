@@ -86,7 +86,7 @@ pub fn rejection_step(
     if !(p_sum > 0.0 && p_sum.is_finite()) {
         return Err(format!("the target's distribution has total mass {p_sum}"));
     }
-    let p: Vec<f64> = p.iter().map(|&v| f64::from(v) / p_sum).collect();
+    let p_of = |y: usize| f64::from(p[y]) / p_sum;
     let q = q.map(|q| &q[..q.len().min(p.len())]);
     let q_sum = q.map_or(1.0, |q| q.iter().map(|&v| f64::from(v)).sum::<f64>());
     let q_of = |y: usize| -> f64 {
@@ -99,12 +99,16 @@ pub fn rejection_step(
     if qx.is_nan() || qx <= 0.0 {
         return Err(format!("draft token {draft} has probability {qx} under the drafter's own distribution"));
     }
-    if u_accept * qx < p[x] {
+    if u_accept * qx < p_of(x) {
         return Ok(Verdict::Accept);
     }
-    let residual: Vec<f64> = p.iter().enumerate().map(|(y, &py)| (py - q_of(y)).max(0.0)).collect();
+    let residual: Vec<f64> = (0..p.len()).map(|y| (p_of(y) - q_of(y)).max(0.0)).collect();
     let total: f64 = residual.iter().sum();
-    let token = if total > 0.0 { inverse_cdf(&residual, u_residual * total) } else { inverse_cdf(&p, u_residual) };
+    let token = if total > 0.0 {
+        inverse_cdf(&residual, u_residual * total)
+    } else {
+        inverse_cdf(&(0..p.len()).map(p_of).collect::<Vec<_>>(), u_residual)
+    };
     Ok(Verdict::Reject(token as u32))
 }
 

@@ -7,8 +7,8 @@
 /// A *round* is one target forward over the verify window `[pending] ++ drafts` (`d` drafts,
 /// `0 <= d <= num_draft_tokens`, and `d <= r` under a `draft_cap` of `r`); after a fallback
 /// to plain decoding every plain step whose token was read is a round with `d = 0` (the
-/// pipelined step queued ahead of the last one is not counted). Every emitted token is counted exactly once, when it is handed to the
-/// caller, as one of:
+/// pipelined step queued ahead of the last one is not counted). Every emitted token is
+/// counted exactly once, when it is handed to the caller, as one of:
 ///
 /// - *accepted*: a draft token the target sampled too;
 /// - *correction*: the target's token at the first position where it disagreed with a draft;
