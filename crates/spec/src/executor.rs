@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use mlx_core::{Array, Dtype, concatenate, memory};
 use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
-use models::{ModelCache, Transformer};
+use models::{ModelCache, Sampler, Transformer};
 
 use crate::error::Context;
 use crate::rejection::{Acceptance, Verdict, rejection_step};
@@ -27,10 +27,6 @@ impl From<usize> for SpecOptions {
         SpecOptions { num_draft_tokens, acceptance: Acceptance::ExactMatch }
     }
 }
-
-/// Environment variable: `MLX_SPEC_TRACE=1` prints every round (feed, drafts, accepted, the
-/// closing token) to stderr.
-pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
 
 /// Generates up to `params.max_tokens` tokens after `prompt` with speculative decoding,
 /// calling `on_token` with each token as soon as it is accepted (return `false` to stop).
@@ -68,7 +64,8 @@ pub const TRACE_ENV: &str = "MLX_SPEC_TRACE";
 /// and residual draws use [`models::Sampler::uniform`] streams 1 and 2 of the position's
 /// step; the bonus token is sampled as plain decoding samples it.
 ///
-/// `MLX_SPEC_TRACE=1` prints each round to stderr.
+/// Each round is logged with `tracing` at debug level, target `spec::round` (feed, drafts,
+/// accepted, the closing token; `MLX_SPEC_LOG=spec::round=debug` in the CLI).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty prompt; [`Error::Model`]/[`Error::Mlx`] naming the step
@@ -111,15 +108,10 @@ pub fn speculative_generate_with_cache(
     if cache.offset() != 0 {
         return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
     }
-    let trace = std::env::var(TRACE_ENV).is_ok_and(|v| v == "1");
     memory::reset_peak();
     let start = Instant::now();
     let mut stats = SpecStats::new(prompt.len(), num_draft_tokens);
-    // Never draft more than the target cache can drop exactly: a window of `k + 1` tokens
-    // whose `k` drafts are all rejected must still roll back.
-    let reach = cache.rollback_reach().unwrap_or(usize::MAX);
-    stats.draft_cap = (reach < num_draft_tokens).then_some(reach);
-    let num_draft_tokens = num_draft_tokens.min(reach);
+    let num_draft_tokens = cap_at_rollback_reach(&cache, num_draft_tokens, &mut stats);
     let tap_layers = source.tap_layers().to_vec();
 
     let mut cache = cache;
@@ -134,143 +126,325 @@ pub fn speculative_generate_with_cache(
     let mut committed = prompt.to_vec();
     let mut pending = last;
     let mut feed = vec![last];
-    'rounds: while stats.emitted < params.max_tokens {
+    while stats.emitted < params.max_tokens {
         let step = stats.emitted;
         let n = num_draft_tokens.min(params.max_tokens - step - 1);
-        let drafts = {
-            let t = Instant::now();
-            let drafts = source.draft(&feed, n, step)?;
-            stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
-            let vocab = target.config.vocab_size;
-            let problem = if drafts.len() > n {
-                Some(format!("asked for at most {n} drafts at step {step}, got {}: {drafts:?}", drafts.len()))
-            } else {
-                drafts
-                    .iter()
-                    .find(|&&t| t as usize >= vocab)
-                    .map(|t| format!("draft token {t} at step {step} is outside the target's vocabulary of {vocab}"))
-            };
-            if let Some(message) = problem {
-                return Err(Error::Contract { source_name: source.name().to_string(), message });
-            }
-            drafts
-        };
+        let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
-        let window: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
-        let what = || format!("target forward over the verify window {window:?} at step {step}");
-        let tokens = ids(&window).context(what)?;
-        let (logits, taps) = if tap_layers.is_empty() {
-            (target.forward(&tokens, &mut cache).context(what)?, None)
-        } else {
-            let out = target.forward_with_taps(&tokens, &mut cache, &tap_layers).context(what)?;
-            (out.logits, Some(out.taps))
-        };
-        logits.eval().context(what)?;
-        stats.rounds += 1;
-        stats.target_forwards += 1;
-        if d == 0 {
-            stats.empty_rounds += 1;
-        }
-        for slot in &mut stats.drafted_by_pos[..d] {
-            *slot += 1;
-        }
-        stats.drafted += d;
+        let verified = verify(target, &mut cache, pending, &drafts, &tap_layers, step)?;
+        count_round(&mut stats, d);
 
-        // The accept walk: position i is sampled exactly as plain decoding samples `step`
-        // (or, under the rejection rule, drafts are tested against the drafter's q).
-        let draft_probs = if rejection && d > 0 { Some(draft_probs(source, d, step)?) } else { None };
-        let mut accepted = 0;
-        let mut closing = None;
-        let mut finished = false;
-        for i in 0..=d {
-            let row = logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32));
-            let row = row.context(|| format!("logits of window position {i}"))?;
-            let at = stats.emitted;
-            let t = match &draft_probs {
-                Some(q) if i < d => {
-                    let what = || format!("target distribution at step {at}");
-                    let p: Vec<f32> = params.sampler.probs(&row).context(what)?.to_vec().context(what)?;
-                    let q_row = q.as_ref().map(|q| &q[i * q.len() / d..(i + 1) * q.len() / d]);
-                    let (ua, ur) = (params.sampler.uniform(at, 1), params.sampler.uniform(at, 2));
-                    match rejection_step(&p, q_row, drafts[i], ua, ur) {
-                        Ok(Verdict::Accept) => drafts[i],
-                        Ok(Verdict::Reject(t)) => t,
-                        Err(message) => {
-                            return Err(Error::Contract {
-                                source_name: source.name().to_string(),
-                                message: format!("draft {i} at step {step}: {message}"),
-                            });
-                        }
-                    }
-                }
-                _ => params.sampler.sample(&row, at).context(|| format!("sampling step {at}"))?,
-            };
-            if params.eos.contains(&t) {
-                stats.stopped_on_eos = true;
-                finished = true;
-                break;
-            }
-            stats.emitted += 1;
-            committed.push(t);
-            let is_draft = drafts.get(i) == Some(&t);
-            if is_draft {
-                accepted += 1;
-                stats.accepted_by_pos[i] += 1;
-            } else if i < d {
-                stats.corrections += 1;
-            } else {
-                stats.bonuses += 1;
-            }
-            if !on_token(t) || stats.emitted >= params.max_tokens {
-                finished = true;
-                break;
-            }
-            if !is_draft {
-                closing = Some(t);
-                break;
-            }
-        }
-        stats.accepted += accepted;
-        if trace {
-            let end = match closing {
-                Some(t) => t.to_string(),
-                None if stats.stopped_on_eos => "EOS".to_string(),
-                None => "stop".to_string(),
-            };
-            eprintln!(
-                "[spec] round {} step {step} feed {feed:?} drafts {drafts:?} accepted {accepted}/{d} next {end}",
-                stats.rounds
-            );
-        }
-        if finished {
-            break 'rounds;
-        }
-        let next = closing.expect("an unfinished walk ends with a correction or bonus token");
+        let rows = TargetRows::new(&verified.logits, &params.sampler, &drafts, step, rejection, &*source)?;
+        let walk = accept_walk(&drafts, params.max_tokens - step, &params.eos, |i| rows.token(i), &mut on_token)?;
+        count_walk(&mut stats, &walk);
+        committed.extend_from_slice(&walk.emitted);
+        tracing::debug!(
+            target: "spec::round",
+            "round {} step {step} feed {feed:?} drafts {drafts:?} accepted {}/{d} next {}",
+            stats.rounds,
+            walk.accepted,
+            walk.describe_end()
+        );
+        let (WalkEnd::Open, Some(closing)) = (walk.end, walk.closing) else {
+            break;
+        };
+        let next = closing.token();
 
         // Roll the target cache back over the rejected drafts, exactly or not at all.
-        let rollback = d - accepted;
-        if rollback > 0 && !(cache.can_trim(rollback) && cache.trim(rollback) == rollback) {
-            if trace {
-                eprintln!("[spec] target cache cannot drop {rollback} positions: plain decoding from here");
-            }
-            drop((logits, taps));
-            stats.fallback_at = Some(stats.emitted);
-            cache = target.make_cache();
-            let head = &committed[..committed.len() - 1];
-            prefill_target(target, &mut cache, head, &[], &mut stats)?;
-            plain_decode(target, &mut cache, next, params, &mut stats, &mut on_token)?;
-            break 'rounds;
+        let rollback = d - walk.accepted;
+        if !roll_back(&mut cache, rollback) {
+            tracing::debug!(
+                target: "spec::round",
+                "target cache cannot drop {rollback} positions: plain decoding from here"
+            );
+            drop((verified, cache));
+            fall_back(target, &committed, next, params, &mut stats, &mut on_token)?;
+            break;
         }
         let t = Instant::now();
-        source.commit(d, accepted, taps.as_deref())?;
+        source.commit(d, walk.accepted, verified.taps.as_deref())?;
         stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
-        feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
+        feed = if d > 0 && walk.accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
         pending = next;
     }
     stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
     stats.peak_memory_bytes = memory::peak();
     stats.finish();
     Ok(stats)
+}
+
+/// How an accept walk ended ([`WalkOutcome::end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalkEnd {
+    /// A correction or bonus token closed the round; the request goes on.
+    Open,
+    /// The target chose an EOS token (not emitted): the request is finished.
+    Eos,
+    /// The request reached `max_tokens`.
+    MaxTokens,
+    /// The caller's `on_token` returned `false`.
+    Stopped,
+}
+
+/// The target's token that closed a round: it is not a draft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    /// The target's token at the first rejected draft's position.
+    Correction(u32),
+    /// The target's token after the last draft, every draft accepted (or none drafted).
+    Bonus(u32),
+}
+
+impl Closing {
+    /// The token.
+    pub fn token(self) -> u32 {
+        match self {
+            Closing::Correction(t) | Closing::Bonus(t) => t,
+        }
+    }
+}
+
+/// What one accept walk did: `emitted` is `drafts[..accepted]` followed by the closing
+/// token when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalkOutcome {
+    /// Drafts accepted, a prefix of the round's drafts.
+    pub accepted: usize,
+    /// The tokens handed to `on_token`, in order.
+    pub emitted: Vec<u32>,
+    /// The correction or bonus token, when the walk got that far (an EOS, `max_tokens` or
+    /// the caller can end it on an accepted draft).
+    pub closing: Option<Closing>,
+    /// Why the walk stopped.
+    pub end: WalkEnd,
+}
+
+impl WalkOutcome {
+    /// The round's end for traces: the next token of an open round, `EOS`, or `stop`.
+    fn describe_end(&self) -> String {
+        match (self.end, self.closing) {
+            (WalkEnd::Open, Some(c)) => c.token().to_string(),
+            (WalkEnd::Eos, _) => "EOS".to_string(),
+            _ => "stop".to_string(),
+        }
+    }
+}
+
+/// The accept walk over one verify window `[pending] ++ drafts` (`d = drafts.len()`), on
+/// plain data: `target_token(i)` is the target's token at window position `i` (the token of
+/// step `step + i`: the request's sample under exact match, the Leviathan/Chen decision for
+/// draft `i < d` under the rejection rule); it is called for `i = 0, 1, ...` in order and
+/// only as far as the walk goes. A token equal to `drafts[i]` is accepted and the walk goes
+/// on; any other token is emitted as the [`Closing`] token (a correction, or the bonus at
+/// `i == d`) and ends the round. An EOS token (in `eos`) is never emitted and ends the
+/// request; so do `room` tokens emitted (the request's `max_tokens` minus the tokens emitted
+/// before this round, at least 1) and `on_token` returning `false`. Every emitted token goes
+/// to `on_token` as soon as it is decided.
+///
+/// # Errors
+/// Only those of `target_token`.
+pub fn accept_walk(
+    drafts: &[u32],
+    room: usize,
+    eos: &[u32],
+    mut target_token: impl FnMut(usize) -> Result<u32>,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<WalkOutcome> {
+    let mut walk = WalkOutcome { accepted: 0, emitted: Vec::new(), closing: None, end: WalkEnd::Open };
+    for i in 0..=drafts.len() {
+        let t = target_token(i)?;
+        if eos.contains(&t) {
+            walk.end = WalkEnd::Eos;
+            break;
+        }
+        walk.emitted.push(t);
+        if drafts.get(i) == Some(&t) {
+            walk.accepted += 1;
+        } else {
+            walk.closing = Some(if i < drafts.len() { Closing::Correction(t) } else { Closing::Bonus(t) });
+        }
+        if !on_token(t) {
+            walk.end = WalkEnd::Stopped;
+            break;
+        }
+        if walk.emitted.len() >= room {
+            walk.end = WalkEnd::MaxTokens;
+            break;
+        }
+        if walk.closing.is_some() {
+            break;
+        }
+    }
+    Ok(walk)
+}
+
+/// Caps the drafts per round at the target cache's exact-rollback reach: a window of `k + 1`
+/// tokens whose `k` drafts are all rejected must still roll back. Records a cap below `n`
+/// in [`SpecStats::draft_cap`].
+fn cap_at_rollback_reach(cache: &ModelCache, n: usize, stats: &mut SpecStats) -> usize {
+    let reach = cache.rollback_reach().unwrap_or(usize::MAX);
+    stats.draft_cap = (reach < n).then_some(reach);
+    n.min(reach)
+}
+
+/// Asks `source` for up to `n` drafts after `feed` and checks them against the contract: at
+/// most `n` tokens, each inside the target's vocabulary of `vocab` ids.
+fn checked_drafts(
+    source: &mut dyn DraftSource,
+    feed: &[u32],
+    n: usize,
+    step: usize,
+    vocab: usize,
+    stats: &mut SpecStats,
+) -> Result<Vec<u32>> {
+    let t = Instant::now();
+    let drafts = source.draft(feed, n, step)?;
+    stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
+    let problem = if drafts.len() > n {
+        Some(format!("asked for at most {n} drafts at step {step}, got {}: {drafts:?}", drafts.len()))
+    } else {
+        drafts
+            .iter()
+            .find(|&&t| t as usize >= vocab)
+            .map(|t| format!("draft token {t} at step {step} is outside the target's vocabulary of {vocab}"))
+    };
+    match problem {
+        Some(message) => Err(Error::Contract { source_name: source.name().to_string(), message }),
+        None => Ok(drafts),
+    }
+}
+
+/// The target's verify forward: logits `[1, d + 1, V]` over the window (evaluated), and the
+/// hidden states of `tap_layers` (`[1, d + 1, H]` each) when the source wants them.
+struct Verified {
+    logits: Array,
+    taps: Option<Vec<Array>>,
+}
+
+/// One target forward (and one LM head) over `[pending] ++ drafts`, appending the window to
+/// `cache`.
+fn verify(
+    target: &Transformer,
+    cache: &mut ModelCache,
+    pending: u32,
+    drafts: &[u32],
+    tap_layers: &[usize],
+    step: usize,
+) -> Result<Verified> {
+    let window: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
+    let what = || format!("target forward over the verify window {window:?} at step {step}");
+    let tokens = ids(&window).context(what)?;
+    let (logits, taps) = if tap_layers.is_empty() {
+        (target.forward(&tokens, cache).context(what)?, None)
+    } else {
+        let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what)?;
+        (out.logits, Some(out.taps))
+    };
+    logits.eval().context(what)?;
+    Ok(Verified { logits, taps })
+}
+
+/// Counts a verified round of `d` drafts.
+fn count_round(stats: &mut SpecStats, d: usize) {
+    stats.rounds += 1;
+    stats.target_forwards += 1;
+    if d == 0 {
+        stats.empty_rounds += 1;
+    }
+    for slot in &mut stats.drafted_by_pos[..d] {
+        *slot += 1;
+    }
+    stats.drafted += d;
+}
+
+/// Counts what an accept walk emitted.
+fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
+    stats.emitted += walk.emitted.len();
+    stats.accepted += walk.accepted;
+    for slot in &mut stats.accepted_by_pos[..walk.accepted] {
+        *slot += 1;
+    }
+    match walk.closing {
+        Some(Closing::Correction(_)) => stats.corrections += 1,
+        Some(Closing::Bonus(_)) => stats.bonuses += 1,
+        None => {}
+    }
+    stats.stopped_on_eos |= walk.end == WalkEnd::Eos;
+}
+
+/// The target's side of the accept walk, from the verify logits: at window position `i`
+/// (step `step + i`), the request's sample, or under the rejection rule the Leviathan/Chen
+/// decision on draft `i` against the source's `q` (the bonus is sampled either way).
+struct TargetRows<'a> {
+    logits: &'a Array,
+    sampler: &'a Sampler,
+    drafts: &'a [u32],
+    step: usize,
+    /// `Some` under the rejection rule: the drafter's `[d, V]` rows on the host (`None`
+    /// inside: one-hot on each draft).
+    q: Option<Option<Vec<f32>>>,
+    source_name: &'a str,
+}
+
+impl<'a> TargetRows<'a> {
+    /// Reads the source's draft distributions when the rejection rule applies.
+    fn new(
+        logits: &'a Array,
+        sampler: &'a Sampler,
+        drafts: &'a [u32],
+        step: usize,
+        rejection: bool,
+        source: &'a dyn DraftSource,
+    ) -> Result<Self> {
+        let d = drafts.len();
+        let q = if rejection && d > 0 { Some(draft_probs(source, d, step)?) } else { None };
+        Ok(TargetRows { logits, sampler, drafts, step, q, source_name: source.name() })
+    }
+
+    /// The target's token at window position `i`.
+    fn token(&self, i: usize) -> Result<u32> {
+        let row = self.logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32));
+        let row = row.context(|| format!("logits of window position {i}"))?;
+        let (at, d) = (self.step + i, self.drafts.len());
+        let Some(q) = self.q.as_ref().filter(|_| i < d) else {
+            return self.sampler.sample(&row, at).context(|| format!("sampling step {at}"));
+        };
+        let what = || format!("target distribution at step {at}");
+        let p: Vec<f32> = self.sampler.probs(&row).context(what)?.to_vec().context(what)?;
+        let q_row = q.as_ref().map(|q| &q[i * q.len() / d..(i + 1) * q.len() / d]);
+        let (ua, ur) = (self.sampler.uniform(at, 1), self.sampler.uniform(at, 2));
+        match rejection_step(&p, q_row, self.drafts[i], ua, ur) {
+            Ok(Verdict::Accept) => Ok(self.drafts[i]),
+            Ok(Verdict::Reject(t)) => Ok(t),
+            Err(message) => Err(Error::Contract {
+                source_name: self.source_name.to_string(),
+                message: format!("draft {i} at step {}: {message}", self.step),
+            }),
+        }
+    }
+}
+
+/// Drops the `n` rejected positions from the target cache; `false` when the cache cannot
+/// drop exactly that many (it may then hold anything: the caller starts a new one).
+fn roll_back(cache: &mut ModelCache, n: usize) -> bool {
+    n == 0 || (cache.can_trim(n) && cache.trim(n) == n)
+}
+
+/// Finishes the request as plain decoding after a failed rollback: a fresh target cache is
+/// prefilled with `committed` (prompt ++ emitted) except its last token `next`, then
+/// [`plain_decode`] goes on from there.
+fn fall_back(
+    target: &Transformer,
+    committed: &[u32],
+    next: u32,
+    params: &GenerateParams,
+    stats: &mut SpecStats,
+    on_token: &mut impl FnMut(u32) -> bool,
+) -> Result<()> {
+    stats.fallback_at = Some(stats.emitted);
+    let mut cache = target.make_cache();
+    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats)?;
+    plain_decode(target, &mut cache, next, params, stats, on_token)
 }
 
 /// The rest of a request after a fallback, at plain decoding's speed: `cache` holds

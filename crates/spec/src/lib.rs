@@ -8,6 +8,9 @@
 //!   ([`source`] documents the per-round protocol and the re-feed rule).
 //! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
 //!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling).
+//! - [`providers`]: the one drafter factory, [`providers::DrafterSpec`] (none, n-gram,
+//!   draft model, DSpark) parsed from flags or a word, defaults in one place, built into a
+//!   [`DraftProvider`].
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
 //! - [`ab`]: the acceptance A/B of two drafters on one target.
 //! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
@@ -40,13 +43,16 @@ mod error;
 mod executor;
 pub mod ngram;
 pub mod prompts;
+pub mod providers;
 pub mod rejection;
 pub mod source;
 mod stats;
 pub mod two_model;
 
 pub use error::{Error, Result};
-pub use executor::{SpecOptions, TRACE_ENV, speculative_generate, speculative_generate_with_cache};
+pub use executor::{
+    Closing, SpecOptions, WalkEnd, WalkOutcome, accept_walk, speculative_generate, speculative_generate_with_cache,
+};
 pub use rejection::Acceptance;
 pub use source::{DraftProvider, DraftSource};
 pub use stats::SpecStats;

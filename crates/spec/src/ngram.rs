@@ -27,18 +27,42 @@ pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 10;
 /// something the prompt predicts).
 pub const PROBE_AFTER_SKIPS: usize = 8;
 
-/// How many of the tokens a match offers a round proposes.
+/// How many of the tokens a match offers a round proposes. The default, for every caller
+/// (`mlx-spec generate`, the A/B, [`NgramProvider::default`]), is `Heuristic`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DraftSchedule {
     /// Every offered token, up to `num_draft_tokens` (Saxena; vLLM's `ngram` proposer).
-    #[default]
     Constant,
     /// A budget per match length `k`, starting at `num_draft_tokens`: `+2` (capped) after a
     /// round that accepted every draft, `max(accepted, budget / 2)` after a rejection
     /// (Hugging Face transformers' heuristic schedule adds 2 / subtracts 1; halving reaches
     /// plain steps within a few rounds of free-form text). A budget of 0 proposes nothing
     /// (a plain decode step) except for one token every [`PROBE_AFTER_SKIPS`] + 1 matches.
+    #[default]
     Heuristic,
+}
+
+impl DraftSchedule {
+    /// The schedule's name as `--ngram-schedule` takes it: `heuristic` or `constant`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftSchedule::Constant => "constant",
+            DraftSchedule::Heuristic => "heuristic",
+        }
+    }
+}
+
+impl std::str::FromStr for DraftSchedule {
+    type Err = String;
+
+    /// Parses `heuristic` or `constant`.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "heuristic" => Ok(DraftSchedule::Heuristic),
+            "constant" => Ok(DraftSchedule::Constant),
+            _ => Err(format!("unknown n-gram schedule `{s}`: expected `heuristic` or `constant`")),
+        }
+    }
 }
 
 /// The reference proposal rule, by a direct scan (O(len · k) per call): for `k` from
@@ -147,19 +171,25 @@ impl NgramProvider {
     /// [`Error::Invalid`] unless `1 <= ngram_min <= ngram_max`.
     pub fn new(ngram_max: usize, ngram_min: usize) -> Result<Self> {
         NgramIndex::new(ngram_max, ngram_min)?;
-        Ok(NgramProvider { max: ngram_max, min: ngram_min, schedule: DraftSchedule::Constant })
+        Ok(NgramProvider { max: ngram_max, min: ngram_min, schedule: DraftSchedule::default() })
     }
 
-    /// The same provider with another [`DraftSchedule`] (the default is `Constant`).
+    /// The same provider with another [`DraftSchedule`] (the default is `Heuristic`).
     pub fn with_schedule(mut self, schedule: DraftSchedule) -> Self {
         self.schedule = schedule;
         self
     }
+
+    /// The schedule of the sources this provider opens.
+    pub fn schedule(&self) -> DraftSchedule {
+        self.schedule
+    }
 }
 
 impl Default for NgramProvider {
+    /// k-grams [`DEFAULT_NGRAM_MAX`] down to [`DEFAULT_NGRAM_MIN`], [`DraftSchedule::default`].
     fn default() -> Self {
-        NgramProvider { max: DEFAULT_NGRAM_MAX, min: DEFAULT_NGRAM_MIN, schedule: DraftSchedule::Constant }
+        NgramProvider { max: DEFAULT_NGRAM_MAX, min: DEFAULT_NGRAM_MIN, schedule: DraftSchedule::default() }
     }
 }
 
@@ -199,13 +229,13 @@ impl NgramSource {
             index: NgramIndex::new(ngram_max, ngram_min)?,
             prompt_len: 0,
             last_drafts: Vec::new(),
-            schedule: DraftSchedule::Constant,
+            schedule: DraftSchedule::default(),
             budget: vec![(None, 0); ngram_max - ngram_min + 1],
             last_match: None,
         })
     }
 
-    /// The same source with another [`DraftSchedule`] (the default is `Constant`).
+    /// The same source with another [`DraftSchedule`] (the default is `Heuristic`).
     pub fn with_schedule(mut self, schedule: DraftSchedule) -> Self {
         self.schedule = schedule;
         self
@@ -424,7 +454,7 @@ mod tests {
         src.commit(10, 8, None).unwrap();
         assert_eq!(src.draft(&[5], 10, 9).unwrap().len(), 8);
         // The constant schedule always proposes what the match offers.
-        let mut src = NgramSource::new(3, 1).unwrap();
+        let mut src = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
         src.prefill(&[5; 40], None).unwrap();
         let (mut step, mut feed) = (0, vec![5]);
         assert!((0..6).all(|_| drive(&mut src, &mut step, &mut feed, false) == 10));

@@ -101,7 +101,7 @@ fn greedy_speculative_equals_greedy_plain() {
             let params = GenerateParams { max_tokens: 16, sampler: Sampler::default(), eos: vec![] };
             let want = plain(&target, &prompt, &params);
             for n in 1..=12 {
-                let mut ngram = NgramSource::new(3, 1).unwrap();
+                let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
                 check_run(&format!("ngram n={n}"), &want, spec_run(&target, &mut ngram, &prompt, &params, n), &params)?;
                 let mut heuristic = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Heuristic);
                 let label = format!("ngram heuristic n={n}");
@@ -135,7 +135,7 @@ fn seeded_sampled_speculative_equals_seeded_plain() {
             let provider =
                 TwoModelProvider::new(load(DRAFTERS[drafter]), DRAFTERS[drafter]).with_sampling(DraftSampling::Request);
             for n in 1..=12 {
-                let mut ngram = NgramSource::new(3, 1).unwrap();
+                let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
                 check_run(&format!("ngram n={n}"), &want, spec_run(&target, &mut ngram, &prompt, &params, n), &params)?;
                 let mut coupled = provider.open(&target, &params.sampler).unwrap();
                 let label = format!("two-model sampled {} n={n}", DRAFTERS[drafter]);
@@ -179,7 +179,7 @@ fn eos_mid_window_stops_exactly_where_plain_stops() {
                     &params,
                 )?;
                 prop_assert!(stats.stopped_on_eos, "n={}: {:?}", n, stats);
-                let mut ngram = NgramSource::new(3, 1).unwrap();
+                let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
                 let stats = check_run(
                     &format!("ngram n={n}"),
                     &want,
@@ -207,7 +207,7 @@ fn max_tokens_is_respected_at_every_length() {
             let (got, stats) = spec_run(&target, &mut two, &prompt, &params, n);
             assert_eq!(got, full[..max_tokens], "max_tokens={max_tokens} n={n}");
             stats.check().unwrap();
-            let mut ngram = NgramSource::new(3, 1).unwrap();
+            let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
             let (got, stats) = spec_run(&target, &mut ngram, &prompt, &params, n);
             assert_eq!(got, full[..max_tokens], "ngram max_tokens={max_tokens} n={n}");
             stats.check().unwrap();
@@ -282,7 +282,7 @@ fn rounds_without_drafts_are_plain_steps() {
     let mut two = TwoModelSource::new(&target, Sampler::default(), "self");
     let (got, _) = spec_run(&target, &mut two, &prompt, &params, 0);
     assert_eq!(got, want);
-    let mut ngram = NgramSource::new(3, 1).unwrap();
+    let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
     let (got, _) = spec_run(&target, &mut ngram, &prompt, &params, 0);
     assert_eq!(got, want);
 }
@@ -510,7 +510,7 @@ fn taps_reach_the_source() {
     let hidden = target.config.hidden_size;
     let prompt = [4, 5, 6, 4, 5, 6, 4, 5];
     let params = GenerateParams { max_tokens: 20, sampler: Sampler::default(), eos: vec![] };
-    let mut src = Tapping { inner: NgramSource::new(3, 1).unwrap(), hidden, seen: vec![], last: 0 };
+    let mut src = Tapping { inner: NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant), hidden, seen: vec![], last: 0 };
     let (got, stats) = spec_run(&target, &mut src, &prompt, &params, 5);
     assert_eq!(got, plain(&target, &prompt, &params));
     stats.check().unwrap();
@@ -524,7 +524,7 @@ fn taps_reach_the_source() {
 fn stats_serialize() {
     let target = load(TARGET);
     let params = GenerateParams { max_tokens: 6, sampler: Sampler::default(), eos: vec![] };
-    let mut ngram = NgramSource::new(3, 1).unwrap();
+    let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
     let (_, stats) = spec_run(&target, &mut ngram, &[1, 2, 1, 2], &params, 4);
     let json = serde_json::to_value(&stats).unwrap();
     for key in ["rounds", "target_forwards", "drafted", "accepted", "emitted", "tau", "accepted_by_pos", "decode_ms"] {

@@ -23,7 +23,7 @@ use models::generate::{ids, prefill};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::DraftProvider;
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 
 const PROMPT_TOKENS: usize = 1000;
@@ -114,7 +114,7 @@ fn gemma3_270m_speculative_equals_plain_past_the_window() {
     assert!(want.len() > 100, "plain decoding stopped early: {}", want.len());
     assert!(prompt.len() + want.len() > 2 * 543, "generation should cross the ring's second wrap");
 
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "gemma-3-270m-4bit");
     let runs: [(&str, &dyn DraftProvider, usize); 2] = [("ngram", &ngram, 12), ("4-bit", &q4, 12)];
     let mut failures = Vec::new();

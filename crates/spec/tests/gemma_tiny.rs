@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use mlx_core::Array;
 use models::generate::generate;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::two_model::TwoModelProvider;
 use spec::{DraftProvider, SpecStats, speculative_generate, speculative_generate_with_cache};
 
@@ -57,7 +57,7 @@ fn prompts() -> Vec<Vec<u32>> {
 
 fn check(target_name: &str, drafter_name: &str) {
     let target = load(target_name);
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let other = TwoModelProvider::new(load(drafter_name), drafter_name);
     let myself = TwoModelProvider::new(load(target_name), target_name);
     let runs: [(&str, &dyn DraftProvider, usize); 6] = [
@@ -131,7 +131,7 @@ fn spec_with_cache(
 #[test]
 fn drafts_beyond_the_rollback_reach_are_capped_without_fallback() {
     let target = load("gemma3");
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let other = TwoModelProvider::new(load("gemma3_untied"), "gemma3_untied");
     for (p, prompt) in prompts().iter().enumerate() {
         let want = plain(&target, prompt);
@@ -194,7 +194,7 @@ impl LayerCache for Undeclared {
 #[test]
 fn a_rollback_beyond_the_ring_falls_back_and_stays_lossless() {
     let target = load("gemma3");
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let other = TwoModelProvider::new(load("gemma3_untied"), "gemma3_untied");
     let sampled =
         GenerateParams { sampler: Sampler { temp: 0.8, top_p: 0.95, seed: 5, ..Sampler::default() }, ..params() };

@@ -21,7 +21,7 @@ use common::{plain, spec_open as speculative};
 use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{PromptKind, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 
@@ -107,7 +107,7 @@ fn qwen_pair_speculative_equals_plain() {
     let prompts: Vec<_> = g.into_iter().skip(skip).take(k).chain(f.into_iter().skip(skip).take(k)).collect();
     let (target, draft, tok) = pair();
     let params = GenerateParams { max_tokens: MAX_TOKENS, sampler: Sampler::default(), eos: tok.eos_ids().to_vec() };
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let two = TwoModelProvider::new(draft, "qwen2.5-coder-0.5b");
     let mut failures = Vec::new();
     for p in &prompts {

@@ -27,7 +27,7 @@ use models::generate::{ids, prefill};
 use models::gguf_import::{ImportOptions, import_gguf};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{Prompt, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, SpecStats};
@@ -195,7 +195,7 @@ fn smollm2_dense_speculative_equals_plain() {
     }
 
     let prompts = prompt_set();
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "smollm2-q4");
     let (failures, stats) = compare(&target, &tok, &prompts, &[("ngram", &ngram, 10), ("q4 draft", &q4, 3)]);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
@@ -215,7 +215,7 @@ fn smollm2_q4_speculative_equals_plain() {
     let f32_opts = LoadOptions { dtype: Some(Dtype::Float32) };
     let target = load_model(&dir, &f32_opts).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let selfdraft = TwoModelProvider::new(load_model(&dir, &f32_opts).unwrap(), "smollm2-q4");
     let (failures, stats) = compare(&target, &tok, &prompt_set(), &[("ngram", &ngram, 10), ("self", &selfdraft, 3)]);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");

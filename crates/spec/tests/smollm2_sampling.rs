@@ -21,7 +21,7 @@ use mlx_core::Dtype;
 use models::default_model::ensure_default_model;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
-use spec::ngram::NgramProvider;
+use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::two_model::TwoModelProvider;
 use spec::{Acceptance, DraftProvider, SpecOptions};
 
@@ -41,7 +41,7 @@ fn smollm2_rejection_rule_under_filters() {
     let blue = tok.encode(" blue", false).unwrap();
     assert_eq!(blue.len(), 1, "\" blue\" is one token");
     let blue = blue[0];
-    let ngram = NgramProvider::default();
+    let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     // (label, sampler, seeds): the reported case with enough seeds to resolve a 5-point
     // shift, and all filters together.
     let filters = [
