@@ -532,3 +532,111 @@ fn draft_probs(source: &dyn DraftSource, d: usize, step: usize) -> Result<Option
     let host: Vec<f32> = q.astype(Dtype::Float32).and_then(|q| q.to_vec()).context(what)?;
     Ok(Some(host))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk over `drafts` with the target's tokens `target` (one per window position it
+    /// reaches), collecting what `on_token` saw; `stop_after` makes `on_token` refuse more
+    /// after that many tokens.
+    fn walk(drafts: &[u32], target: &[u32], room: usize, eos: &[u32], stop_after: usize) -> (WalkOutcome, Vec<u32>) {
+        let mut seen = Vec::new();
+        let mut asked = 0;
+        let outcome = accept_walk(
+            drafts,
+            room,
+            eos,
+            |i| {
+                assert_eq!(i, asked, "positions are asked for in order");
+                asked += 1;
+                Ok(target[i])
+            },
+            |t| {
+                seen.push(t);
+                seen.len() < stop_after
+            },
+        )
+        .unwrap();
+        assert_eq!(outcome.emitted, seen, "every emitted token reaches on_token");
+        assert_eq!(outcome.emitted.len(), outcome.accepted + usize::from(outcome.closing.is_some()));
+        (outcome, seen)
+    }
+
+    #[test]
+    fn all_accepted_ends_with_the_bonus() {
+        let (w, _) = walk(&[4, 5, 6], &[4, 5, 6, 7], 100, &[], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 3, emitted: vec![4, 5, 6, 7], closing: Some(Closing::Bonus(7)), end: WalkEnd::Open });
+        // No drafts: one plain step, whose token is a bonus.
+        let (w, _) = walk(&[], &[9], 100, &[], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 0, emitted: vec![9], closing: Some(Closing::Bonus(9)), end: WalkEnd::Open });
+    }
+
+    #[test]
+    fn the_first_mismatch_is_the_correction() {
+        // Position 3 would match draft 3, but the walk never gets there.
+        let (w, _) = walk(&[4, 5, 6, 7], &[4, 8, 6, 7, 1], 100, &[], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 1, emitted: vec![4, 8], closing: Some(Closing::Correction(8)), end: WalkEnd::Open });
+        let (w, _) = walk(&[4, 5], &[3, 5, 6], 100, &[], usize::MAX);
+        assert_eq!((w.accepted, w.closing), (0, Some(Closing::Correction(3))));
+    }
+
+    #[test]
+    fn eos_inside_the_window_ends_the_request_unemitted() {
+        let (w, seen) = walk(&[4, 2, 6], &[4, 2, 6, 7], 100, &[2], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 1, emitted: vec![4], closing: None, end: WalkEnd::Eos });
+        assert_eq!(seen, [4]);
+        // EOS as the correction.
+        let (w, _) = walk(&[4, 5], &[4, 2, 6], 100, &[2, 3], usize::MAX);
+        assert_eq!((w.accepted, w.emitted, w.closing, w.end), (1, vec![4], None, WalkEnd::Eos));
+        // EOS as the bonus.
+        let (w, _) = walk(&[4], &[4, 3], 100, &[2, 3], usize::MAX);
+        assert_eq!((w.accepted, w.closing, w.end), (1, None, WalkEnd::Eos));
+    }
+
+    #[test]
+    fn max_tokens_mid_window_stops_on_the_last_allowed_token() {
+        let (w, _) = walk(&[4, 5, 6], &[4, 5, 6, 7], 2, &[], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 2, emitted: vec![4, 5], closing: None, end: WalkEnd::MaxTokens });
+        // The last allowed token is a correction: counted as one, and the request ends.
+        let (w, _) = walk(&[4, 5, 6], &[4, 9, 6, 7], 2, &[], usize::MAX);
+        assert_eq!(w, WalkOutcome { accepted: 1, emitted: vec![4, 9], closing: Some(Closing::Correction(9)), end: WalkEnd::MaxTokens });
+        let (w, _) = walk(&[], &[9], 1, &[], usize::MAX);
+        assert_eq!((w.closing, w.end), (Some(Closing::Bonus(9)), WalkEnd::MaxTokens));
+    }
+
+    #[test]
+    fn the_caller_can_stop_the_walk() {
+        let (w, seen) = walk(&[4, 5, 6], &[4, 5, 6, 7], 100, &[], 2);
+        assert_eq!((w.accepted, w.closing, w.end), (2, None, WalkEnd::Stopped));
+        assert_eq!(seen, [4, 5]);
+    }
+
+    #[test]
+    fn target_errors_end_the_walk() {
+        let err = accept_walk(&[1, 2], 10, &[], |i| if i == 0 { Ok(1) } else { Err(Error::Invalid("row".into())) }, |_| true);
+        assert!(matches!(err, Err(Error::Invalid(_))));
+    }
+
+    /// The rejection rule with the drafter's `q` equal to the target's `p` accepts every
+    /// draft whatever the uniforms, then samples the bonus.
+    #[test]
+    fn rejection_with_q_equal_to_p_accepts_every_draft() {
+        let p: Vec<Vec<f32>> = vec![vec![0.1, 0.6, 0.3], vec![0.5, 0.25, 0.25], vec![0.2, 0.2, 0.6], vec![1.0, 0.0, 0.0]];
+        let drafts = [2, 1, 0];
+        for (ua, ur) in [(0.0, 0.5), (0.5, 0.5), (0.999, 0.001)] {
+            let target = |i: usize| -> Result<u32> {
+                if i == drafts.len() {
+                    return Ok(0); // the bonus, as plain decoding samples it
+                }
+                match rejection_step(&p[i], Some(&p[i]), drafts[i], ua, ur) {
+                    Ok(Verdict::Accept) => Ok(drafts[i]),
+                    Ok(Verdict::Reject(t)) => Ok(t),
+                    Err(message) => Err(Error::Invalid(message)),
+                }
+            };
+            let w = accept_walk(&drafts, 100, &[], target, |_| true).unwrap();
+            assert_eq!((w.accepted, w.closing, w.end), (3, Some(Closing::Bonus(0)), WalkEnd::Open), "u = {ua}");
+        }
+    }
+}
