@@ -2,17 +2,20 @@
 //!
 //! Without a drafter it decodes plainly ([`models::generate`]); with `--draft-model DIR`
 //! (two-model) or `--draft-kind ngram` (prompt lookup) it runs the speculative executor
-//! ([`spec::speculative_generate`]), whose output is token for token the plain output.
+//! ([`spec::speculative_generate`]), whose output is token for token the plain output. The
+//! drafting flags are resolved and the drafter built by [`spec::providers::DrafterSpec`], the
+//! factory the A/B and the benchmarks use too.
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
-use spec::ngram::{DraftSchedule, NgramProvider};
-use spec::two_model::{TwoModelProvider, check_tokenizers};
-use spec::{Acceptance, DraftProvider, SpecOptions, SpecStats, speculative_generate};
+use spec::ngram::DraftSchedule;
+use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
+use spec::{Acceptance, SpecOptions, SpecStats, speculative_generate};
 
 use crate::{import_progress, parse_dtype};
 
@@ -58,7 +61,7 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// The drafter: `model` (needs --draft-model; implied by it) or `ngram` (prompt lookup).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = PossibleValuesParser::new(["model", "ngram"]).map(|s| s.parse::<DraftKind>().expect("a listed value")))]
     draft_kind: Option<DraftKind>,
     /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), the block size with a
     /// DSpark drafter, 10 with n-gram.
@@ -74,8 +77,8 @@ pub(crate) struct GenerateArgs {
     /// --num-draft-tokens: `heuristic` (a budget per match length that grows by 2 while all
     /// drafts are accepted and halves, down to plain steps, while they are rejected) or
     /// `constant` (all of them) [default: heuristic].
-    #[arg(long, value_enum)]
-    ngram_schedule: Option<NgramSchedule>,
+    #[arg(long, value_parser = PossibleValuesParser::new(["heuristic", "constant"]).map(|s| s.parse::<DraftSchedule>().expect("a listed value")))]
+    ngram_schedule: Option<DraftSchedule>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
     /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
     /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
@@ -89,70 +92,6 @@ pub(crate) struct GenerateArgs {
     /// Print the statistics as JSON on stderr.
     #[arg(long)]
     stats_json: bool,
-}
-
-/// The kinds of drafter `generate` can run.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
-enum DraftKind {
-    /// A small model with the target's tokenizer (`--draft-model`).
-    Model,
-    /// Prompt lookup: propose what followed the latest earlier occurrence of the trailing
-    /// n-gram.
-    Ngram,
-}
-
-/// `--ngram-schedule`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
-enum NgramSchedule {
-    /// Adapt the drafts per round to recent acceptance.
-    Heuristic,
-    /// Draft every offered token up to --num-draft-tokens.
-    Constant,
-}
-
-impl From<NgramSchedule> for DraftSchedule {
-    fn from(s: NgramSchedule) -> Self {
-        match s {
-            NgramSchedule::Heuristic => DraftSchedule::Heuristic,
-            NgramSchedule::Constant => DraftSchedule::Constant,
-        }
-    }
-}
-
-/// What `--draft-*` asked for, checked before anything is fetched or loaded.
-enum Drafting {
-    Plain,
-    Ngram {
-        max: usize,
-        min: usize,
-        n: usize,
-        schedule: NgramSchedule,
-    },
-    /// `dspark`: the directory holds a DeepSpec drafter checkpoint (its config parses as one).
-    Model {
-        dir: PathBuf,
-        n: Option<usize>,
-        dspark: bool,
-    },
-}
-
-impl Drafting {
-    /// The drafter as reported in `--stats-json`: `{"kind": "ngram", "ngram_max", "ngram_min",
-    /// "schedule"}`, or `{"kind": "model" | "dspark", "path"}` (`dspark` for a DeepSpec
-    /// drafter checkpoint).
-    fn describe(&self) -> serde_json::Value {
-        match self {
-            Drafting::Plain => serde_json::Value::Null,
-            Drafting::Ngram { max, min, schedule, .. } => serde_json::json!({
-                "kind": "ngram", "ngram_max": max, "ngram_min": min,
-                "schedule": format!("{schedule:?}").to_lowercase(),
-            }),
-            Drafting::Model { dir, dspark, .. } => {
-                let kind = if *dspark { "dspark" } else { "model" };
-                serde_json::json!({"kind": kind, "path": dir.display().to_string()})
-            }
-        }
-    }
 }
 
 /// One line for the human summary.
@@ -183,68 +122,19 @@ fn check_sampling(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// Resolves the drafting flags into one [`Drafting`], refusing combinations that would be
-/// silently ignored.
-fn drafting(a: &GenerateArgs) -> Result<Drafting> {
-    let kind = match (a.draft_kind, &a.draft_model) {
-        (Some(DraftKind::Ngram), Some(dir)) => {
-            bail!("--draft-kind ngram drafts without weights; drop --draft-model {}", dir.display())
-        }
-        (Some(DraftKind::Model), None) => bail!("--draft-kind model needs --draft-model DIR"),
-        (Some(kind), _) => Some(kind),
-        (None, Some(_)) => Some(DraftKind::Model),
-        (None, None) => None,
-    };
-    if kind != Some(DraftKind::Ngram) && (a.ngram_max.is_some() || a.ngram_min.is_some() || a.ngram_schedule.is_some())
-    {
-        bail!("--ngram-max/--ngram-min/--ngram-schedule apply to --draft-kind ngram only");
+/// The drafting flags as the library's [`DrafterArgs`] (checked by
+/// [`DrafterSpec::from_args`], which refuses combinations that would be silently ignored).
+fn drafter_args(a: &GenerateArgs) -> DrafterArgs {
+    DrafterArgs {
+        draft_model: a.draft_model.clone(),
+        draft_kind: a.draft_kind,
+        num_draft_tokens: a.num_draft_tokens,
+        ngram_max: a.ngram_max,
+        ngram_min: a.ngram_min,
+        ngram_schedule: a.ngram_schedule,
+        confidence_threshold: a.confidence_threshold,
+        acceptance: a.acceptance,
     }
-    if kind.is_none() && a.num_draft_tokens.is_some() {
-        bail!("--num-draft-tokens needs a drafter: --draft-model DIR or --draft-kind ngram");
-    }
-    if kind != Some(DraftKind::Model) && a.confidence_threshold.is_some() {
-        bail!("--confidence-threshold applies to DSpark drafters (--draft-model DIR) only");
-    }
-    if kind.is_none() && a.acceptance != Acceptance::ExactMatch {
-        bail!("--acceptance needs a drafter: --draft-model DIR or --draft-kind ngram");
-    }
-    Ok(match kind {
-        None => Drafting::Plain,
-        Some(DraftKind::Ngram) => {
-            let max = a.ngram_max.unwrap_or(spec::ngram::DEFAULT_NGRAM_MAX);
-            let min = a.ngram_min.unwrap_or(spec::ngram::DEFAULT_NGRAM_MIN);
-            if min == 0 || min > max {
-                bail!("--ngram-min {min} --ngram-max {max}: expected 1 <= ngram-min <= ngram-max");
-            }
-            Drafting::Ngram {
-                max,
-                min,
-                n: a.num_draft_tokens.unwrap_or(spec::ngram::DEFAULT_NUM_DRAFT_TOKENS),
-                schedule: a.ngram_schedule.unwrap_or(NgramSchedule::Heuristic),
-            }
-        }
-        Some(DraftKind::Model) => {
-            let dir = a.draft_model.clone().expect("kind Model has a directory");
-            check_model_dir(&dir, "--draft-model")?;
-            let dspark = drafter::DrafterConfig::from_dir(&dir).is_ok();
-            Drafting::Model { dir, n: a.num_draft_tokens, dspark }
-        }
-    })
-}
-
-/// A model directory given on the command line must exist and hold a config.json.
-fn check_model_dir(dir: &Path, flag: &str) -> Result<()> {
-    if !dir.is_dir() {
-        bail!(
-            "{flag} {}: not a model directory ({})",
-            dir.display(),
-            if dir.exists() { "not a directory" } else { "does not exist" }
-        );
-    }
-    if !dir.join("config.json").is_file() {
-        bail!("{flag} {}: not a model directory (no config.json)", dir.display());
-    }
-    Ok(())
 }
 
 /// The target directory: `--model`, or the default SmolLM2 (fetched on first use).
@@ -289,58 +179,17 @@ fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     Ok(tok.encode(&text, false)?)
 }
 
-/// The loaded drafter and the options of its requests.
-fn load_drafter(
-    drafting: &Drafting,
-    target_tok: &Tokenizer,
-    target_dir: &Path,
-    load: &LoadOptions,
-    acceptance: Acceptance,
-    confidence_threshold: Option<f32>,
-) -> Result<Option<(Box<dyn DraftProvider>, SpecOptions)>> {
-    Ok(match drafting {
-        Drafting::Plain => None,
-        Drafting::Ngram { max, min, n, schedule } => {
-            let provider =
-                NgramProvider::new(*max, *min).context("--ngram-max/--ngram-min")?.with_schedule((*schedule).into());
-            Some((Box::new(provider), SpecOptions { num_draft_tokens: *n, acceptance }))
-        }
-        Drafting::Model { dir, n, dspark: true } => {
-            let d = drafter::Drafter::load(dir, load)
-                .with_context(|| format!("loading DSpark drafter {}", dir.display()))?;
-            let n = n.unwrap_or(d.block_size());
-            let provider = spec::dspark::DSparkProvider::new(d, dir.display().to_string())?
-                .with_confidence_threshold(confidence_threshold.unwrap_or(0.0));
-            Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
-        }
-        Drafting::Model { dir, n, dspark: false } => {
-            if confidence_threshold.is_some() {
-                bail!("--confidence-threshold: {} is not a DSpark drafter", dir.display());
-            }
-            let draft_tok =
-                Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-            check_tokenizers(&draft_tok, target_tok, &dir.display().to_string(), &target_dir.display().to_string())?;
-            let model = load_model(dir, load).with_context(|| format!("loading draft model {}", dir.display()))?;
-            // The draft model samples as the request does (greedy at temperature 0), with the
-            // target's per-step keys: coupled drafts under exact match, q for the rejection rule.
-            let provider = TwoModelProvider::new(model, dir.display().to_string());
-            let n = n.unwrap_or(spec::two_model::DEFAULT_NUM_DRAFT_TOKENS);
-            Some((Box::new(provider), SpecOptions { num_draft_tokens: n, acceptance }))
-        }
-    })
-}
-
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let dtype = parse_dtype(&a.dtype)?;
     check_sampling(&a)?;
-    let drafting = drafting(&a)?;
+    let drafting = DrafterSpec::from_args(&drafter_args(&a))?;
     let dir = target_dir(a.model.as_deref())?;
     let load = LoadOptions { dtype };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
-    let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance, a.confidence_threshold)?;
+    let drafter = drafting.load(DraftTarget { dir: &dir, tokenizer: &tok, load: &load })?;
     if let Some(warning) =
-        drafter.as_ref().and_then(|(_, o)| draft_cap_warning(o.num_draft_tokens, model.make_cache().rollback_reach()))
+        drafter.as_ref().and_then(|d| draft_cap_warning(d.num_draft_tokens, model.make_cache().rollback_reach()))
     {
         eprintln!("{warning}");
     }
@@ -367,9 +216,10 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     };
     let report = match &drafter {
         None => Report::Plain(generate(&model, &ids, &params, &mut on_token)?),
-        Some((provider, options)) => {
-            let mut source = provider.open(&model, &params.sampler)?;
-            let stats = speculative_generate(&model, source.as_mut(), &ids, &params, *options, &mut on_token)?;
+        Some(drafter) => {
+            let options = SpecOptions { num_draft_tokens: drafter.num_draft_tokens, acceptance: a.acceptance };
+            let mut source = drafter.provider.open(&model, &params.sampler)?;
+            let stats = speculative_generate(&model, source.as_mut(), &ids, &params, options, &mut on_token)?;
             Report::Spec { drafter: drafting.describe(), acceptance: options.acceptance, stats: Box::new(stats) }
         }
     };

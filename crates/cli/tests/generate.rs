@@ -1,6 +1,6 @@
 //! `mlx-spec generate` end to end on SmolLM2-135M-Instruct (fetched into the cache on first
 //! use): every drafting flag reaches the executor (it shows in `--stats-json`), speculative
-//! output equals plain output, `MLX_SPEC_TRACE=1` traces rounds, a draft model with another
+//! output equals plain output, `MLX_SPEC_LOG=spec::round=debug` traces rounds, a draft model with another
 //! tokenizer is refused, and flag combinations that would be ignored are errors.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,7 +17,7 @@ const PROMPT: &str = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    re
 
 fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-spec"));
-    c.arg("generate").args(args).env_remove("MLX_SPEC_TRACE");
+    c.arg("generate").args(args).env_remove("MLX_SPEC_LOG");
     for (k, v) in envs {
         c.env(k, v);
     }
@@ -113,11 +113,11 @@ fn trace_prints_every_round() {
             "ngram",
             "--stats-json",
         ],
-        &[("MLX_SPEC_TRACE", "1")],
+        &[("MLX_SPEC_LOG", "spec::round=debug")],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let rounds = stderr.lines().filter(|l| l.starts_with("[spec] round")).count();
+    let rounds = stderr.lines().filter(|l| l.contains("spec::round") && l.contains(" drafts [")).count();
     let json: Value = serde_json::from_str(stderr.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
     assert_eq!(rounds as u64, json["rounds"].as_u64().unwrap(), "{stderr}");
     assert!(stderr.contains("drafts ["), "{stderr}");

@@ -4,21 +4,23 @@
 //! `ab.json` (the whole [`spec::ab::AbReport`]) and `ab.png` (acceptance by draft position
 //! of both arms) into `--out`.
 //!
-//! A drafter is `ngram` or a directory: a DeepSpec DSpark checkpoint (bf16 or quantized)
+//! A drafter is `ngram` (the defaults of `mlx-spec generate --draft-kind ngram`, heuristic
+//! schedule included) or a directory: a DeepSpec DSpark checkpoint (bf16 or quantized)
 //! drafts through `spec::dspark`; any other model directory in the mlx-lm layout drafts as
-//! a two-model drafter (its tokenizer must be the target's).
+//! a two-model drafter (its tokenizer must be the target's). Both arms are built by
+//! [`spec::providers::DrafterSpec::parse`], the factory `generate` uses; `--num-draft-tokens`
+//! applies to both.
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 use models::tokenizer::Tokenizer;
 use models::{LoadOptions, load_model};
 use plotters::prelude::*;
 use spec::DraftProvider;
 use spec::ab::{AbReport, run_ab};
-use spec::ngram::NgramProvider;
 use spec::prompts::{PromptKind, load_prompts};
-use spec::two_model::{TwoModelProvider, check_tokenizers};
+use spec::providers::{DraftTarget, DrafterSpec};
 
 #[derive(Parser)]
 struct Args {
@@ -54,22 +56,11 @@ struct Args {
     out: PathBuf,
 }
 
-fn drafter(spec: &str, target_dir: &Path, tok: &Tokenizer, load: &LoadOptions) -> Result<Box<dyn DraftProvider>> {
-    if spec == "ngram" {
-        return Ok(Box::new(NgramProvider::default()));
-    }
-    let dir = Path::new(spec);
-    if !dir.join("config.json").is_file() {
-        bail!("drafter {spec}: expected `ngram` or a model directory with config.json");
-    }
-    if drafter::DrafterConfig::from_dir(dir).is_ok() {
-        let d = drafter::Drafter::load(dir, load).with_context(|| format!("loading DSpark drafter {spec}"))?;
-        return Ok(Box::new(spec::dspark::DSparkProvider::new(d, spec)?));
-    }
-    let draft_tok = Tokenizer::from_dir(dir).with_context(|| format!("tokenizer of drafter {spec}"))?;
-    check_tokenizers(&draft_tok, tok, spec, &target_dir.display().to_string())?;
-    let model = load_model(dir, load).with_context(|| format!("loading drafter {spec}"))?;
-    Ok(Box::new(TwoModelProvider::new(model, spec)))
+/// The provider of one arm, named `ngram` or by a directory.
+fn drafter(word: &str, target: DraftTarget<'_>) -> Result<Box<dyn DraftProvider>> {
+    let spec = DrafterSpec::parse(word)?;
+    let loaded = spec.load(target).with_context(|| format!("drafter {word}"))?;
+    Ok(loaded.context("a drafter spec parsed from a word is never none")?.provider)
 }
 
 fn main() -> Result<()> {
@@ -78,8 +69,9 @@ fn main() -> Result<()> {
     let load = LoadOptions { dtype: Some(dtype) };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
-    let arm_a = drafter(&a.drafter_a, &a.target, &tok, &load)?;
-    let arm_b = drafter(&a.drafter_b, &a.target, &tok, &load)?;
+    let draft_target = DraftTarget { dir: &a.target, tokenizer: &tok, load: &load };
+    let arm_a = drafter(&a.drafter_a, draft_target)?;
+    let arm_b = drafter(&a.drafter_b, draft_target)?;
 
     // Alternate grounded and free-form prompts so any prefix of the set mixes both.
     let all = load_prompts(&a.prompts)?;

@@ -41,9 +41,10 @@ use mlx_core::Array;
 use models::generate::generate;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
-use spec::ngram::{DraftSchedule, NgramProvider};
+use spec::ngram::DraftSchedule;
 use spec::prompts::{PromptKind, load_prompts};
-use spec::two_model::{DraftSampling, TwoModelProvider, check_tokenizers};
+use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
+use spec::two_model::DraftSampling;
 use spec::{DraftProvider, DraftSource, speculative_generate_with_cache};
 
 #[derive(Parser)]
@@ -197,28 +198,40 @@ fn main() -> Result<()> {
     let load = LoadOptions { dtype: Some(dtype) };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
-    let draft_model = |dir: &PathBuf, sampling: DraftSampling| -> Result<Box<dyn DraftProvider>> {
-        let name = dir.display().to_string();
-        check_tokenizers(&Tokenizer::from_dir(dir)?, &tok, &name, &a.target.display().to_string())?;
-        Ok(Box::new(TwoModelProvider::new(load_model(dir, &load)?, name).with_sampling(sampling)))
+    // Every drafter comes from the factory `mlx-spec generate` uses, from the same flags.
+    let draft_target = DraftTarget { dir: &a.target, tokenizer: &tok, load: &load };
+    let build = |args: DrafterArgs, sampling: DraftSampling| -> Result<(Box<dyn DraftProvider>, usize)> {
+        let spec = DrafterSpec::from_args(&args)?.with_draft_sampling(sampling);
+        let LoadedDrafter { provider, num_draft_tokens } = spec.load(draft_target)?.context("a drafter")?;
+        Ok((provider, num_draft_tokens))
+    };
+    let ngram = |schedule| DrafterArgs {
+        draft_kind: Some(DraftKind::Ngram),
+        num_draft_tokens: Some(a.ngram_draft_tokens),
+        ngram_schedule: Some(schedule),
+        ..DrafterArgs::default()
+    };
+    let model = |dir: &PathBuf| DrafterArgs {
+        draft_model: Some(dir.clone()),
+        num_draft_tokens: Some(a.num_draft_tokens),
+        ..DrafterArgs::default()
     };
     // (name, provider, drafts per round); "plain" is slot 0.
-    let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = vec![
-        ("ngram", Box::new(NgramProvider::default()), a.ngram_draft_tokens),
-        (
-            "ngram-heur",
-            Box::new(NgramProvider::default().with_schedule(DraftSchedule::Heuristic)),
-            a.ngram_draft_tokens,
-        ),
-    ];
+    let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = Vec::new();
+    for (name, schedule) in [("ngram", DraftSchedule::Constant), ("ngram-heur", DraftSchedule::Heuristic)] {
+        let (provider, n) = build(ngram(schedule), DraftSampling::default())?;
+        providers.push((name, provider, n));
+    }
     let sampled = a.temp > 0.0;
     for (name, greedy_name, dir) in
         [("two-model", "two-model-greedy-draft", &a.draft), ("two-model-b", "two-model-b-greedy-draft", &a.draft_b)]
     {
         if let Some(dir) = dir {
-            providers.push((name, draft_model(dir, DraftSampling::Request)?, a.num_draft_tokens));
+            let (provider, n) = build(model(dir), DraftSampling::Request)?;
+            providers.push((name, provider, n));
             if sampled {
-                providers.push((greedy_name, draft_model(dir, DraftSampling::Greedy)?, a.num_draft_tokens));
+                let (provider, n) = build(model(dir), DraftSampling::Greedy)?;
+                providers.push((greedy_name, provider, n));
             }
         }
     }
