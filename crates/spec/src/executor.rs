@@ -566,17 +566,31 @@ mod tests {
     #[test]
     fn all_accepted_ends_with_the_bonus() {
         let (w, _) = walk(&[4, 5, 6], &[4, 5, 6, 7], 100, &[], usize::MAX);
-        assert_eq!(w, WalkOutcome { accepted: 3, emitted: vec![4, 5, 6, 7], closing: Some(Closing::Bonus(7)), end: WalkEnd::Open });
+        assert_eq!(
+            w,
+            WalkOutcome {
+                accepted: 3,
+                emitted: vec![4, 5, 6, 7],
+                closing: Some(Closing::Bonus(7)),
+                end: WalkEnd::Open
+            }
+        );
         // No drafts: one plain step, whose token is a bonus.
         let (w, _) = walk(&[], &[9], 100, &[], usize::MAX);
-        assert_eq!(w, WalkOutcome { accepted: 0, emitted: vec![9], closing: Some(Closing::Bonus(9)), end: WalkEnd::Open });
+        assert_eq!(
+            w,
+            WalkOutcome { accepted: 0, emitted: vec![9], closing: Some(Closing::Bonus(9)), end: WalkEnd::Open }
+        );
     }
 
     #[test]
     fn the_first_mismatch_is_the_correction() {
         // Position 3 would match draft 3, but the walk never gets there.
         let (w, _) = walk(&[4, 5, 6, 7], &[4, 8, 6, 7, 1], 100, &[], usize::MAX);
-        assert_eq!(w, WalkOutcome { accepted: 1, emitted: vec![4, 8], closing: Some(Closing::Correction(8)), end: WalkEnd::Open });
+        assert_eq!(
+            w,
+            WalkOutcome { accepted: 1, emitted: vec![4, 8], closing: Some(Closing::Correction(8)), end: WalkEnd::Open }
+        );
         let (w, _) = walk(&[4, 5], &[3, 5, 6], 100, &[], usize::MAX);
         assert_eq!((w.accepted, w.closing), (0, Some(Closing::Correction(3))));
     }
@@ -600,7 +614,15 @@ mod tests {
         assert_eq!(w, WalkOutcome { accepted: 2, emitted: vec![4, 5], closing: None, end: WalkEnd::MaxTokens });
         // The last allowed token is a correction: counted as one, and the request ends.
         let (w, _) = walk(&[4, 5, 6], &[4, 9, 6, 7], 2, &[], usize::MAX);
-        assert_eq!(w, WalkOutcome { accepted: 1, emitted: vec![4, 9], closing: Some(Closing::Correction(9)), end: WalkEnd::MaxTokens });
+        assert_eq!(
+            w,
+            WalkOutcome {
+                accepted: 1,
+                emitted: vec![4, 9],
+                closing: Some(Closing::Correction(9)),
+                end: WalkEnd::MaxTokens
+            }
+        );
         let (w, _) = walk(&[], &[9], 1, &[], usize::MAX);
         assert_eq!((w.closing, w.end), (Some(Closing::Bonus(9)), WalkEnd::MaxTokens));
     }
@@ -614,7 +636,8 @@ mod tests {
 
     #[test]
     fn target_errors_end_the_walk() {
-        let err = accept_walk(&[1, 2], 10, &[], |i| if i == 0 { Ok(1) } else { Err(Error::Invalid("row".into())) }, |_| true);
+        let err =
+            accept_walk(&[1, 2], 10, &[], |i| if i == 0 { Ok(1) } else { Err(Error::Invalid("row".into())) }, |_| true);
         assert!(matches!(err, Err(Error::Invalid(_))));
     }
 
@@ -622,7 +645,8 @@ mod tests {
     /// draft whatever the uniforms, then samples the bonus.
     #[test]
     fn rejection_with_q_equal_to_p_accepts_every_draft() {
-        let p: Vec<Vec<f32>> = vec![vec![0.1, 0.6, 0.3], vec![0.5, 0.25, 0.25], vec![0.2, 0.2, 0.6], vec![1.0, 0.0, 0.0]];
+        let p: Vec<Vec<f32>> =
+            vec![vec![0.1, 0.6, 0.3], vec![0.5, 0.25, 0.25], vec![0.2, 0.2, 0.6], vec![1.0, 0.0, 0.0]];
         let drafts = [2, 1, 0];
         for (ua, ur) in [(0.0, 0.5), (0.5, 0.5), (0.999, 0.001)] {
             let target = |i: usize| -> Result<u32> {

@@ -167,7 +167,10 @@ impl DrafterSpec {
     pub fn from_args(a: &DrafterArgs) -> Result<DrafterSpec> {
         let kind = match (a.draft_kind, &a.draft_model) {
             (Some(DraftKind::Ngram), Some(dir)) => {
-                return invalid(format!("--draft-kind ngram drafts without weights; drop --draft-model {}", dir.display()));
+                return invalid(format!(
+                    "--draft-kind ngram drafts without weights; drop --draft-model {}",
+                    dir.display()
+                ));
             }
             (Some(DraftKind::Model), None) => return invalid("--draft-kind model needs --draft-model DIR".into()),
             (Some(kind), _) => Some(kind),
@@ -195,7 +198,9 @@ impl DrafterSpec {
                 let max = a.ngram_max.unwrap_or(defaults.max);
                 let min = a.ngram_min.unwrap_or(defaults.min);
                 if min == 0 || min > max {
-                    return invalid(format!("--ngram-min {min} --ngram-max {max}: expected 1 <= ngram-min <= ngram-max"));
+                    return invalid(format!(
+                        "--ngram-min {min} --ngram-max {max}: expected 1 <= ngram-min <= ngram-max"
+                    ));
                 }
                 Ok(DrafterSpec::Ngram(NgramSpec {
                     max,
@@ -229,7 +234,10 @@ impl DrafterSpec {
     /// [`Error::Invalid`] for a word that is neither `ngram` nor a model directory.
     pub fn parse(word: &str) -> Result<DrafterSpec> {
         if word == "ngram" {
-            return DrafterSpec::from_args(&DrafterArgs { draft_kind: Some(DraftKind::Ngram), ..DrafterArgs::default() });
+            return DrafterSpec::from_args(&DrafterArgs {
+                draft_kind: Some(DraftKind::Ngram),
+                ..DrafterArgs::default()
+            });
         }
         if !Path::new(word).join("config.json").is_file() {
             return invalid(format!("drafter {word}: expected `ngram` or a model directory with config.json"));
@@ -271,7 +279,9 @@ impl DrafterSpec {
     pub fn load(&self, target: DraftTarget<'_>) -> Result<Option<LoadedDrafter>> {
         let loaded = match self {
             DrafterSpec::None => return Ok(None),
-            DrafterSpec::Ngram(n) => LoadedDrafter { provider: Box::new(n.provider()?), num_draft_tokens: n.num_draft_tokens },
+            DrafterSpec::Ngram(n) => {
+                LoadedDrafter { provider: Box::new(n.provider()?), num_draft_tokens: n.num_draft_tokens }
+            }
             DrafterSpec::DSpark { dir, num_draft_tokens, confidence_threshold } => {
                 let drafter = drafter::Drafter::load(dir, target.load)
                     .context(|| format!("loading DSpark drafter {}", dir.display()))?;

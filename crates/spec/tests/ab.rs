@@ -1,12 +1,15 @@
 //! The acceptance A/B on the tiny fixtures (vocab 256, no chat template): the llama target
 //! with itself as arm A and its 4-bit copy as arm B; the report adds up and the verdict
-//! follows its two rules.
+//! follows its two rules; the A/B's `ngram` arm is the drafter of `generate --draft-kind
+//! ngram`.
 use std::path::PathBuf;
 
 use models::tokenizer::Tokenizer;
 use models::{LoadOptions, Transformer, load_model};
 use spec::ab::run_ab;
+use spec::ngram::DraftSchedule;
 use spec::prompts::{Prompt, PromptKind};
+use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
 use spec::two_model::TwoModelProvider;
 
 fn dir(name: &str) -> PathBuf {
@@ -19,11 +22,16 @@ fn load(name: &str) -> Transformer {
 
 /// A byte-level tokenizer over the fixtures' 256 ids (the fixtures ship none).
 fn byte_tokenizer() -> Tokenizer {
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..256u32).map(|i| (format!("<0x{i:02X}>"), i.into())).collect();
+    tokenizer((0..256u32).map(|i| format!("<0x{i:02X}>")))
+}
+
+/// A tokenizer whose token `i` is the `i`-th of `names` (the fixtures' vocabulary is 256).
+fn tokenizer(names: impl Iterator<Item = String>) -> Tokenizer {
+    let vocab: serde_json::Map<String, serde_json::Value> = names.zip(0..256u32).map(|(n, i)| (n, i.into())).collect();
+    let first = vocab.iter().find(|(_, v)| **v == 0).map(|(k, _)| k.clone()).unwrap();
     let json = serde_json::json!({
         "version": "1.0",
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<0x00>"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": first},
         "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
     });
     let tmp = tempfile::tempdir().unwrap();
@@ -62,4 +70,64 @@ fn ab_report_adds_up() {
     assert_eq!(report.verdict().starts_with("PASS"), report.pass);
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["a"]["prompts"].as_array().unwrap().len(), 4);
+}
+
+/// `mlx-spec generate --draft-kind ngram` resolves its flags with `DrafterSpec::from_args`,
+/// the A/B (`examples/ab.rs`, `cargo xtask ab ... ngram`) with `DrafterSpec::parse("ngram")`:
+/// both build the same drafter (the heuristic schedule), and it drafts the same tokens on
+/// the same prompts; the constant schedule, which the A/B used before, does not.
+#[test]
+fn the_ab_and_generate_build_the_same_ngram_drafter() {
+    let target = load("llama");
+    // One token per character: ids 1..=26 are `a`..`z`.
+    let tok = tokenizer(
+        std::iter::once("<unk>".to_string())
+            .chain((0..255u8).map(|i| char::from(b'a' + i % 26).to_string() + &"'".repeat(usize::from(i / 26)))),
+    );
+    let load_options = LoadOptions::default();
+    let on = DraftTarget { dir: &dir("llama"), tokenizer: &tok, load: &load_options };
+    let cli_flags = DrafterArgs { draft_kind: Some(DraftKind::Ngram), ..DrafterArgs::default() };
+    let cli = DrafterSpec::from_args(&cli_flags).unwrap();
+    let ab = DrafterSpec::parse("ngram").unwrap();
+    assert_eq!(cli, ab);
+    let DrafterSpec::Ngram(ngram) = &ab else { panic!("{ab:?}") };
+    assert_eq!(ngram.schedule, DraftSchedule::Heuristic);
+    assert_eq!(ngram.provider().unwrap().schedule(), DraftSchedule::Heuristic);
+
+    let build = |spec: &DrafterSpec| -> LoadedDrafter { spec.load(on).unwrap().unwrap() };
+    let (from_cli, from_ab) = (build(&cli), build(&ab));
+    assert_eq!(from_cli.num_draft_tokens, from_ab.num_draft_tokens);
+    let constant =
+        DrafterSpec::from_args(&DrafterArgs { ngram_schedule: Some(DraftSchedule::Constant), ..cli_flags }).unwrap();
+    let constant = build(&constant);
+
+    // Pseudo-random text over a few byte ids: n-gram matches everywhere, continuations
+    // mostly wrong, so the heuristic budgets shrink.
+    let mut x = 0x2545_f491u32;
+    let prompts: Vec<Prompt> = (0..4)
+        .map(|i| Prompt {
+            kind: if i % 2 == 0 { PromptKind::Grounded } else { PromptKind::Free },
+            source: format!("tiny:{i}"),
+            prompt: (0..48)
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    char::from(b'a' + ((x >> 16) % 6) as u8)
+                })
+                .collect(),
+        })
+        .collect();
+    let n = from_ab.num_draft_tokens;
+    let same =
+        run_ab(&target, &tok, &prompts, from_cli.provider.as_ref(), from_ab.provider.as_ref(), n, 32, 3.0, |_, _| {})
+            .unwrap();
+    let counts = |arm: &spec::ab::ArmReport| {
+        let per_prompt: Vec<_> = arm.prompts.iter().map(|p| (p.emitted, p.rounds, p.drafted, p.accepted)).collect();
+        (per_prompt, arm.drafted_by_pos.clone(), arm.accepted_by_pos.clone())
+    };
+    assert_eq!(counts(&same.a), counts(&same.b));
+    assert!(same.a.drafted_by_pos.iter().sum::<usize>() > 0, "the prompts offer n-gram matches: {:?}", same.a);
+    let other =
+        run_ab(&target, &tok, &prompts, from_ab.provider.as_ref(), constant.provider.as_ref(), n, 32, 3.0, |_, _| {})
+            .unwrap();
+    assert_ne!(counts(&other.a), counts(&other.b), "the schedule changes what is drafted");
 }

@@ -510,7 +510,12 @@ fn taps_reach_the_source() {
     let hidden = target.config.hidden_size;
     let prompt = [4, 5, 6, 4, 5, 6, 4, 5];
     let params = GenerateParams { max_tokens: 20, sampler: Sampler::default(), eos: vec![] };
-    let mut src = Tapping { inner: NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant), hidden, seen: vec![], last: 0 };
+    let mut src = Tapping {
+        inner: NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant),
+        hidden,
+        seen: vec![],
+        last: 0,
+    };
     let (got, stats) = spec_run(&target, &mut src, &prompt, &params, 5);
     assert_eq!(got, plain(&target, &prompt, &params));
     stats.check().unwrap();
