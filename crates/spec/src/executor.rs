@@ -102,12 +102,7 @@ pub fn speculative_generate_with_cache(
 ) -> Result<SpecStats> {
     let SpecOptions { num_draft_tokens, acceptance } = options.into();
     let rejection = acceptance == Acceptance::Rejection && !params.sampler.is_greedy();
-    let Some((&last, head)) = prompt.split_last() else {
-        return Err(Error::Invalid("an empty prompt".into()));
-    };
-    if cache.offset() != 0 {
-        return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
-    }
+    let (last, head) = check_request(prompt, &cache)?;
     memory::reset_peak();
     let start = Instant::now();
     let mut stats = SpecStats::new(prompt.len(), num_draft_tokens);
@@ -115,9 +110,8 @@ pub fn speculative_generate_with_cache(
     let tap_layers = source.tap_layers().to_vec();
 
     let mut cache = cache;
-    let prefill_taps = prefill_target(target, &mut cache, head, &tap_layers, &mut stats)?;
-    source.prefill(prompt, prefill_taps.as_deref())?;
-    drop(prefill_taps);
+    // The prefill taps are dropped as soon as the source has read them.
+    source.prefill(prompt, prefill_target(target, &mut cache, head, &tap_layers, &mut stats)?.as_deref())?;
     stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let decode_start = Instant::now();
@@ -138,13 +132,7 @@ pub fn speculative_generate_with_cache(
         let walk = accept_walk(&drafts, params.max_tokens - step, &params.eos, |i| rows.token(i), &mut on_token)?;
         count_walk(&mut stats, &walk);
         committed.extend_from_slice(&walk.emitted);
-        tracing::debug!(
-            target: "spec::round",
-            "round {} step {step} feed {feed:?} drafts {drafts:?} accepted {}/{d} next {}",
-            stats.rounds,
-            walk.accepted,
-            walk.describe_end()
-        );
+        trace_round(stats.rounds, step, &feed, &drafts, &walk);
         let (WalkEnd::Open, Some(closing)) = (walk.end, walk.closing) else {
             break;
         };
@@ -171,6 +159,29 @@ pub fn speculative_generate_with_cache(
     stats.peak_memory_bytes = memory::peak();
     stats.finish();
     Ok(stats)
+}
+
+/// The prompt's last token (the head of the first window) and the rest, for a request on
+/// an empty `cache`.
+fn check_request<'p>(prompt: &'p [u32], cache: &ModelCache) -> Result<(u32, &'p [u32])> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::Invalid("an empty prompt".into()));
+    };
+    if cache.offset() != 0 {
+        return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
+    }
+    Ok((last, head))
+}
+
+/// Logs a round at debug level to the `tracing` target `spec::round`.
+fn trace_round(round: usize, step: usize, feed: &[u32], drafts: &[u32], walk: &WalkOutcome) {
+    tracing::debug!(
+        target: "spec::round",
+        "round {round} step {step} feed {feed:?} drafts {drafts:?} accepted {}/{} next {}",
+        walk.accepted,
+        drafts.len(),
+        walk.describe_end()
+    );
 }
 
 /// How an accept walk ended ([`WalkOutcome::end`]).
