@@ -61,7 +61,7 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// The drafter: `model` (needs --draft-model; implied by it) or `ngram` (prompt lookup).
-    #[arg(long, value_parser = PossibleValuesParser::new(["model", "ngram"]).map(|s| s.parse::<DraftKind>().expect("a listed value")))]
+    #[arg(long, value_parser = listed::<DraftKind>(&["model", "ngram"]))]
     draft_kind: Option<DraftKind>,
     /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), the block size with a
     /// DSpark drafter, 10 with n-gram.
@@ -77,7 +77,7 @@ pub(crate) struct GenerateArgs {
     /// --num-draft-tokens: `heuristic` (a budget per match length that grows by 2 while all
     /// drafts are accepted and halves, down to plain steps, while they are rejected) or
     /// `constant` (all of them) [default: heuristic].
-    #[arg(long, value_parser = PossibleValuesParser::new(["heuristic", "constant"]).map(|s| s.parse::<DraftSchedule>().expect("a listed value")))]
+    #[arg(long, value_parser = listed::<DraftSchedule>(&["heuristic", "constant"]))]
     ngram_schedule: Option<DraftSchedule>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
     /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
@@ -92,6 +92,16 @@ pub(crate) struct GenerateArgs {
     /// Print the statistics as JSON on stderr.
     #[arg(long)]
     stats_json: bool,
+}
+
+/// A flag's parser: `values` are listed in `--help` and checked by clap, then parsed by the
+/// library's `FromStr` (which takes every listed value).
+fn listed<T>(values: &'static [&'static str]) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Debug,
+{
+    PossibleValuesParser::new(values).map(|s| s.parse::<T>().expect("the library parses every listed value"))
 }
 
 /// One line for the human summary.
