@@ -49,7 +49,7 @@ fn mlx_spec(args: &[&str]) -> Child {
 fn big_model(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), r#"{"model_type": "synthetic"}"#).unwrap();
-    let values: Vec<f32> = (0..1024 * 2048).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
+    let values: Vec<f32> = (0..1024u64 * 2048).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
     let m = Array::from_slice(&values, &[1024, 2048]).unwrap();
     assert_eq!(m.dtype(), Dtype::Float32);
     let names: Vec<String> = (0..32).map(|i| format!("layers.{i}.proj.weight")).collect();
