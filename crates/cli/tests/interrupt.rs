@@ -36,12 +36,7 @@ fn interrupt_when_staging(mut child: Child, parent: &Path, prefix: &str, signal:
 }
 
 fn mlx_spec(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
 }
 
 /// A synthetic model directory of 32 eligible f32 matrices (256 MiB), enough for the
@@ -53,8 +48,7 @@ fn big_model(dir: &Path) {
     let m = Array::from_slice(&values, &[1024, 2048]).unwrap();
     assert_eq!(m.dtype(), Dtype::Float32);
     let names: Vec<String> = (0..32).map(|i| format!("layers.{i}.proj.weight")).collect();
-    mlx_core::io::save_safetensors(dir.join("model.safetensors"), names.iter().map(|n| (n.as_str(), &m)), [])
-        .unwrap();
+    mlx_core::io::save_safetensors(dir.join("model.safetensors"), names.iter().map(|n| (n.as_str(), &m)), []).unwrap();
 }
 
 #[test]

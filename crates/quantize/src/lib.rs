@@ -40,8 +40,8 @@ use safetensors::Dtype as StDtype;
 use serde_json::Value;
 
 pub use config::SourceQuantization;
-pub use mlx_core::io::model_dir::StagedDir;
 pub use error::{Error, Result};
+pub use mlx_core::io::model_dir::StagedDir;
 pub use plan::{Action, Eligibility, eligibility};
 
 use plan::{Item, Source};

@@ -44,10 +44,8 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| file_err(&index, format!("cannot read: {e}")))?;
         let v: Value = serde_json::from_str(&text).map_err(|e| file_err(&index, format!("not valid JSON: {e}")))?;
-        let map = v
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| file_err(&index, "no `weight_map` object"))?;
+        let map =
+            v.get("weight_map").and_then(Value::as_object).ok_or_else(|| file_err(&index, "no `weight_map` object"))?;
         let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
         let files: Vec<PathBuf> = shards.into_iter().map(|s| dir.join(s)).collect();
         if let Some(missing) = files.iter().find(|f| !f.is_file()) {
@@ -317,10 +315,7 @@ impl StagedDir {
             Ok(t) => t.keep(),
             Err(e) => {
                 undo(&created);
-                return Err(file_err(
-                    dst,
-                    format!("cannot create a temporary directory in {}: {e}", parent.display()),
-                ));
+                return Err(file_err(dst, format!("cannot create a temporary directory in {}: {e}", parent.display())));
             }
         };
         registry.push(Live { dir: dir.clone(), created: created.clone() });
