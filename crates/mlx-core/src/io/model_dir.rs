@@ -91,8 +91,9 @@ pub struct ShardPlan {
 }
 
 impl ShardPlan {
-    /// Plans `tensors` (`(name, bytes)`, in file order: mlx-lm writes them sorted by name)
-    /// into files of at most `max_shard_bytes`.
+    /// Plans `tensors` (`(name, bytes)`, in file order) into files of at most
+    /// `max_shard_bytes`. mlx-lm fills its shards in the model's parameter order; the
+    /// writers of this workspace pass the names sorted.
     pub fn new<S: Into<String>>(tensors: impl IntoIterator<Item = (S, u64)>, max_shard_bytes: u64) -> Self {
         let mut shards: Vec<(Vec<String>, u64)> = Vec::new();
         let mut shard_of = HashMap::new();
