@@ -410,8 +410,10 @@ pub fn clean_up_on_signals() -> Result<()> {
                     let registry = live();
                     registry.iter().for_each(remove_live);
                     // Exit holding the lock: no staging directory is created or committed
-                    // after the cleanup.
-                    std::process::exit(128 + sig);
+                    // after the cleanup. `_exit`, not `std::process::exit`: no atexit
+                    // handlers or C++ static destructors (MLX's) run while the main thread
+                    // may still be computing, as with the default action of the signal.
+                    signal_hook::low_level::exit(128 + sig);
                 }
             })
             .map_err(invalid)?;
