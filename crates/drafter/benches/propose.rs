@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use drafter::Drafter;
-use drafter::fixtures::{DrafterDims, quantize_drafter_for_tests, write_random_dspark};
 use mlx_core::Dtype;
 use mlx_core::quant::QuantSpec;
 use mlx_core::random::{Key, normal};
 use models::LoadOptions;
+use test_support::dspark::{DrafterDims, quantize_drafter_for_tests, write_random_dspark};
 
 fn propose(c: &mut Criterion) {
     let dims = DrafterDims {

@@ -11,7 +11,6 @@
 //! - [`DraftContext`]: one request's context K/V, grown by exactly the committed rows.
 //! - [`quant`]: the drafter quantization policy (the confidence head stays dense) and the
 //!   load smoke a quantizer runs on its output.
-//! - [`fixtures`]: deterministic tiny target + drafter pairs for tests.
 //!
 //! ```no_run
 //! use drafter::Drafter;
@@ -32,7 +31,6 @@
 
 pub mod config;
 mod error;
-pub mod fixtures;
 mod model;
 pub mod quant;
 

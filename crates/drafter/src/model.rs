@@ -177,15 +177,8 @@ impl Drafter {
             QuantizationConfig::default()
         };
         let ctx = LoadContext { quant, dtype: options.dtype };
-        // DeepSpec writes one `model.safetensors`; shards come with an index (mlx-lm's rule
-        // of reading every `*.safetensors` would also pick up unrelated files beside it).
-        let single = dir.join("model.safetensors");
-        let files = if single.is_file() && !dir.join("model.safetensors.index.json").is_file() {
-            vec![single]
-        } else {
-            weight_files(dir)?
-        };
-        let mut w = Weights::load_files(dir, &files)?;
+        // DeepSpec writes `model.safetensors` (shards with an index): mlx-lm's discovery.
+        let mut w = Weights::load_files(dir, &weight_files(dir)?)?;
         let quantized: Vec<String> =
             w.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
         let c = &config;

@@ -6,11 +6,11 @@
 //! threshold-sensitive (truncation compares its sigmoid) and tiny. Quantized
 //! `embed_tokens` and `markov_head.markov_w1` are gather tables: [`crate::Drafter`] gathers
 //! their rows, then dequantizes.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mlx_core::Array;
 use models::LoadOptions;
-use quantize::{Progress, QuantizeOptions, QuantizeResult, quantize_model_dir};
+use quantize::{Progress, QuantizeOptions, QuantizeResult, quantize_to_staging};
 
 use crate::{Drafter, DrafterConfig, Error, Result};
 
@@ -114,32 +114,18 @@ pub fn quantize_drafter_dir(
     if dst.exists() && !force {
         return Err(Error::Invalid(format!("{} exists; pass --force to replace it", dst.display())));
     }
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = dst.file_name().map_or_else(|| "drafter".into(), |n| n.to_string_lossy().to_string());
-    // The staging directory must not exist for the quantizer; a fresh temp dir's child path.
-    let holder = tempfile::Builder::new()
-        .prefix(&format!(".{name}.quantize-drafter-"))
-        .tempdir_in(&parent)
-        .map_err(|e| Error::Invalid(format!("cannot create a staging directory in {}: {e}", parent.display())))?;
-    let staged = holder.path().join(&name);
     let options = QuantizeOptions {
         bits,
         group_size,
         predicate: Some(Box::new(|base: &str, _shape: &[usize]| quantize_predicate(base))),
         allow_quantized_source: false,
+        force,
         ..QuantizeOptions::default()
     };
-    let quantize = quantize_model_dir(src, &staged, &options, progress)?;
-    let smoke = load_smoke(&staged)?;
-    if dst.exists() {
-        std::fs::remove_dir_all(dst).map_err(|e| Error::Invalid(format!("cannot replace {}: {e}", dst.display())))?;
-    }
-    std::fs::rename(&staged, dst)
-        .map_err(|e| Error::Invalid(format!("cannot move {} to {}: {e}", staged.display(), dst.display())))?;
-    let mut quantize = quantize;
-    quantize.out_dir = dst.to_path_buf();
+    // Written and smoke-tested in the staging directory; renamed to `dst` only when both pass.
+    let (staged, quantize) = quantize_to_staging(src, dst, &options, progress)?;
+    let smoke = load_smoke(staged.path())?;
+    staged.commit(force).map_err(|e| Error::Invalid(format!("cannot move the quantized drafter into place: {e}")))?;
+    progress(Progress::Done { out_dir: dst.into(), seconds: quantize.seconds });
     Ok(QuantizeDrafterResult { quantize, smoke })
 }

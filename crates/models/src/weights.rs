@@ -1,10 +1,9 @@
-//! Loading the tensors of a model directory: `model.safetensors`, or the shards listed in
-//! `model.safetensors.index.json`, or every `*.safetensors` file (mlx-lm's rule).
-use std::collections::{BTreeMap, BTreeSet};
+//! Loading the tensors of a model directory: the shards listed in
+//! `model.safetensors.index.json`, else the `model*.safetensors` files (mlx-lm's rule).
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use mlx_core::{Array, io::load_safetensors};
-use serde_json::Value;
 
 use crate::{Error, Result};
 
@@ -20,9 +19,8 @@ impl Weights {
     /// Reads every weight file of `dir`.
     ///
     /// # Errors
-    /// [`Error::Io`]/[`Error::Json`] for an unreadable index; [`Error::Weight`] when the
-    /// index names a missing shard or no weight file exists; [`Error::Mlx`] for a corrupt
-    /// safetensors file (the message names it).
+    /// [`Error::Mlx`] naming the index or `dir` as [`weight_files`] does, or a corrupt
+    /// safetensors file.
     pub fn load(dir: &Path) -> Result<Self> {
         Self::load_files(dir, &weight_files(dir)?)
     }
@@ -99,43 +97,13 @@ impl Weights {
     }
 }
 
-/// The weight files of `dir`, following mlx-lm: the index's shard list when
-/// `model.safetensors.index.json` exists, else every `*.safetensors` file.
+/// The weight files of `dir`, following mlx-lm ([`mlx_core::io::model_dir::weight_files`]):
+/// the index's shard list when `model.safetensors.index.json` exists, else the
+/// `model*.safetensors` files (other `*.safetensors` files beside the model are not read).
 ///
 /// # Errors
-/// [`Error::Io`] when the directory has no weight file; [`Error::Json`] naming the index when
-/// it is malformed or lists a missing file.
+/// [`Error::Mlx`] ([`mlx_core::Error::File`]) naming the index when it is unreadable,
+/// malformed or lists a missing file, or naming `dir` when it holds no weight file.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| Error::Json { path: index.clone(), message: e.to_string() })?;
-        let map = v
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| Error::Json { path: index.clone(), message: "no `weight_map` object".into() })?;
-        let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
-        let files: Vec<PathBuf> = shards.into_iter().map(|s| dir.join(s)).collect();
-        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
-            return Err(Error::Json {
-                path: index,
-                message: format!("the weight file {} listed in `weight_map` does not exist", missing.display()),
-            });
-        }
-        return Ok(files);
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::io(
-            dir,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors weight files in the model directory"),
-        ));
-    }
-    Ok(files)
+    Ok(mlx_core::io::model_dir::weight_files(dir)?)
 }

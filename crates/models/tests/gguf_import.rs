@@ -736,3 +736,24 @@ fn smollm2_q4_1_imports() {
         }
     }
 }
+
+/// Model loading reads only the model's own weight files (mlx-lm: the index's shards, else
+/// `model*.safetensors`): an unrelated `eval_outputs.safetensors` beside them is not read,
+/// with or without the index.
+#[test]
+fn loading_ignores_unrelated_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    import(&[fixture("tiny_llama.gguf")], &out, &opts()).unwrap();
+    let stranger = Array::zeros(&[2], Dtype::Float32).unwrap();
+    mlx_core::io::save_safetensors(out.join("eval_outputs.safetensors"), [("eval.logits", &stranger)], []).unwrap();
+    for with_index in [true, false] {
+        if !with_index {
+            std::fs::remove_file(out.join("model.safetensors.index.json")).unwrap();
+        }
+        assert_eq!(models::weights::weight_files(&out).unwrap(), [out.join("model.safetensors")]);
+        let w = models::weights::Weights::load(&out).unwrap();
+        assert!(!w.contains("eval.logits") && !w.unused().is_empty(), "index {with_index}");
+        models::load_model(&out, &models::LoadOptions::default()).unwrap();
+    }
+}

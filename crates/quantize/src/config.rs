@@ -121,11 +121,5 @@ pub(crate) fn output_config(source: &Map<String, Value>, block: Value) -> Value 
 
 /// JSON with 4-space indentation and a trailing newline (mlx-lm's `json.dump(indent=4)`).
 pub(crate) fn write_json(path: &Path, v: &Value) -> Result<()> {
-    use serde::Serialize;
-    let mut buf = Vec::new();
-    let mut ser =
-        serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
-    v.serialize(&mut ser).map_err(|e| Error::Config { path: path.into(), message: e.to_string() })?;
-    buf.push(b'\n');
-    std::fs::write(path, buf).map_err(|e| Error::io(path, e))
+    mlx_core::io::model_dir::write_json(path, v).map_err(Error::file)
 }

@@ -76,4 +76,13 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
     }
+
+    /// A file failure of `mlx_core::io` ([`mlx_core::Error::File`]) as an [`Error::Io`]
+    /// naming the file.
+    pub(crate) fn file(e: mlx_core::Error) -> Self {
+        match e {
+            mlx_core::Error::File { path, message } => Error::io(path, std::io::Error::other(message)),
+            other => Error::io(PathBuf::new(), std::io::Error::other(other.to_string())),
+        }
+    }
 }

@@ -30,24 +30,26 @@ mod error;
 mod plan;
 mod st;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use mlx_core::io::model_dir::{self, ShardPlan};
 use mlx_core::quant::{self, QuantSpec};
 use mlx_core::{Array, Dtype};
 use safetensors::Dtype as StDtype;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub use config::SourceQuantization;
 pub use error::{Error, Result};
+pub use mlx_core::io::model_dir::StagedDir;
 pub use plan::{Action, Eligibility, eligibility};
 
 use plan::{Item, Source};
 use st::{Planned, ShardFile, SourceFiles, TensorRef, mlx_dtype, st_dtype};
 
-/// The largest weight file written before splitting into shards (mlx-lm's 5 GiB).
-pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5 << 30;
+/// The largest weight file written before splitting into shards (mlx-lm's 5 GiB,
+/// [`model_dir::MAX_SHARD_BYTES`]).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = model_dir::MAX_SHARD_BYTES;
 
 /// `predicate(base, shape)`: consulted for every shape-eligible module (`base` without
 /// `.weight`, e.g. `model.layers.0.mlp.down_proj`; `shape` its logical `[out, in]`);
@@ -193,7 +195,8 @@ pub struct QuantizeResult {
 /// Quantizes the model directory `src` into `dst`.
 ///
 /// `src` holds `config.json` and safetensors weights (`model.safetensors.index.json`'s
-/// shards, else every `*.safetensors` file). Every tensor named `<base>.weight` that is 2-D
+/// shards, else the `model*.safetensors` files: [`mlx_core::io::model_dir::weight_files`]).
+/// Every tensor named `<base>.weight` that is 2-D
 /// with its last dimension divisible by the group size ([`eligibility`]) and that the
 /// predicate accepts is quantized with `mlx.core.quantize`'s affine mode into
 /// `<base>.weight` (uint32 `[out, in * bits / 32]`), `<base>.scales` and `<base>.biases`
@@ -203,11 +206,14 @@ pub struct QuantizeResult {
 /// when `allow_quantized_source` is off).
 ///
 /// Writes into `dst`: `model.safetensors`, or `model-0000i-of-0000N.safetensors` shards of
-/// at most `max_shard_bytes` plus `model.safetensors.index.json`, metadata
+/// at most `max_shard_bytes` (mlx-lm's `make_shards` rule) plus
+/// `model.safetensors.index.json`, metadata
 /// `{"format": "mlx"}`; `config.json` = the source config with `quantization` and
 /// `quantization_config` (group size, bits, mode, an entry per quantized module, `false`
 /// per predicate-excluded module); the tokenizer, chat template, generation config and
-/// `*.py` files of `src`. `progress` receives [`Progress`] events.
+/// `*.py` files of `src`. `progress` receives [`Progress`] events. The output is written
+/// into a [`StagedDir`] beside `dst` and renamed into place when complete
+/// ([`quantize_to_staging`] stops before that rename).
 ///
 /// # Errors
 /// [`Error::Options`] for unsupported bits / group size / mode or a refused quantized source;
@@ -223,6 +229,27 @@ pub fn quantize_model_dir(
     options: &QuantizeOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<QuantizeResult> {
+    let t0 = Instant::now();
+    let (staged, mut result) = quantize_to_staging(src, dst, options, progress)?;
+    staged.commit(options.force).map_err(destination_err)?;
+    result.seconds = t0.elapsed().as_secs_f64();
+    progress(Progress::Done { out_dir: dst.into(), seconds: result.seconds });
+    Ok(result)
+}
+
+/// [`quantize_model_dir`] up to, not including, the rename into place: returns the complete
+/// staging directory (to check before [`StagedDir::commit`], as `quantize-drafter` does)
+/// and the report, whose `out_dir` is `dst`. No `Done` event is sent. Dropping the
+/// [`StagedDir`] removes it.
+///
+/// # Errors
+/// As [`quantize_model_dir`].
+pub fn quantize_to_staging(
+    src: &Path,
+    dst: &Path,
+    options: &QuantizeOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(StagedDir, QuantizeResult)> {
     let t0 = Instant::now();
     let spec = options.spec()?;
     check_destination(src, dst, options.force)?;
@@ -249,118 +276,109 @@ pub fn quantize_model_dir(
         )));
     }
 
-    // Output plan: every tensor, its shard, its place.
-    let mut outputs: Vec<(Planned, usize)> = Vec::new();
-    for (i, it) in items.iter().enumerate() {
-        outputs.extend(outputs_of(it, spec).into_iter().map(|p| (p, i)));
-    }
-    outputs.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-    let mut shards: Vec<Vec<Planned>> = Vec::new();
-    let mut shard_bytes: Vec<u64> = Vec::new();
-    let mut shard_of: HashMap<String, usize> = HashMap::new();
-    for (p, _) in &outputs {
-        let n = p.nbytes();
-        match shard_bytes.last_mut() {
-            Some(s) if *s + n <= options.max_shard_bytes => *s += n,
-            _ => {
-                shard_bytes.push(n);
-                shards.push(Vec::new());
-            }
-        }
-        shard_of.insert(p.name.clone(), shards.len() - 1);
-        shards.last_mut().expect("pushed").push(p.clone());
-    }
+    // Output plan: every tensor, sorted by name, in mlx-lm's shards.
+    let mut outputs: Vec<Planned> = items.iter().flat_map(|it| outputs_of(it, spec)).collect();
+    outputs.sort_by(|a, b| a.name.cmp(&b.name));
+    let shards = ShardPlan::new(outputs.iter().map(|p| (p.name.as_str(), p.nbytes())), options.max_shard_bytes);
     if shards.is_empty() {
         return Err(Error::Config { path: src.into(), message: "the weight files hold no tensors".into() });
     }
-    let n_shards = shards.len();
-    let shard_name = |i: usize| {
-        if n_shards == 1 {
-            "model.safetensors".to_string()
-        } else {
-            format!("model-{:05}-of-{:05}.safetensors", i + 1, n_shards)
-        }
-    };
 
-    // Staging directory beside dst; removed on any error.
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let mut created = CreatedDirs::create(&parent, dst)?;
-    let out_name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-    let staging =
-        tempfile::Builder::new().prefix(&format!(".{out_name}.quantizing-")).tempdir_in(&parent).map_err(|e| {
-            Error::Destination {
-                path: dst.into(),
-                message: format!("cannot create a temporary directory in {}: {e}", parent.display()),
-            }
-        })?;
-    let dir = staging.path();
-    let mut writers: Vec<ShardFile> = Vec::with_capacity(n_shards);
-    for (i, planned) in shards.iter().enumerate() {
-        writers.push(ShardFile::create(&dir.join(shard_name(i)), planned, &[("format", "mlx")])?);
-    }
-    let mut pending: Vec<usize> = shards.iter().map(Vec::len).collect();
-    let mut finished: Vec<Option<ShardFile>> = writers.into_iter().map(Some).collect();
-
-    // Convert, one item at a time.
-    let total = items.len();
-    let mut quantized_modules = Vec::new();
-    let mut full_precision_modules = Vec::new();
-    let mut passed_through = 0usize;
-    for (k, it) in items.iter().enumerate() {
-        progress(Progress::Quantizing { index: k + 1, total, name: it.label().into(), action: it.action() });
-        let written = convert(&mut files, it, spec, &shard_of, &mut finished)?;
-        match it {
-            Item::Pass(_) => passed_through += 1,
-            Item::Module { base, action: Action::Quantize, .. } => quantized_modules.push(base.clone()),
-            Item::Module { base, action: Action::FullPrecision, .. } => full_precision_modules.push(base.clone()),
-            Item::Module { .. } => {}
-        }
-        for name in written {
-            let s = shard_of[&name];
-            pending[s] -= 1;
-            if pending[s] == 0 {
-                finished[s].take().expect("finished once").finish()?;
-                progress(Progress::Writing { file: shard_name(s) });
-            }
-        }
-        mlx_core::memory::clear_cache();
-    }
+    let staged = StagedDir::create(dst, "quantizing").map_err(destination_err)?;
+    let dir = staged.path();
+    let tally = write_shards(&mut files, &items, spec, &outputs, &shards, dir, progress)?;
     drop(files);
-    quantized_modules.sort();
-    full_precision_modules.sort();
 
     // Index, config, copied files.
-    let weight_bytes: u64 = shard_bytes.iter().sum();
+    let weight_bytes = shards.total_bytes();
     let total_parameters = total_parameters(&items);
-    if n_shards > 1 {
-        let weight_map: serde_json::Map<String, Value> =
-            outputs.iter().map(|(p, _)| (p.name.clone(), json!(shard_name(shard_of[&p.name])))).collect();
-        let index = json!({
-            "metadata": {"total_size": weight_bytes, "total_parameters": total_parameters},
-            "weight_map": weight_map,
-        });
-        config::write_json(&dir.join("model.safetensors.index.json"), &index)?;
-        progress(Progress::Writing { file: "model.safetensors.index.json".into() });
+    if shards.len() > 1 {
+        shards.write_index(dir, total_parameters).map_err(Error::file)?;
+        progress(Progress::Writing { file: model_dir::INDEX_FILE.into() });
     }
-    let block = config::quantization_block(spec, &quantized_modules, &full_precision_modules);
+    let block = config::quantization_block(spec, &tally.quantized, &tally.full_precision);
     config::write_json(&dir.join("config.json"), &config::output_config(&source_config, block))?;
     progress(Progress::Writing { file: "config.json".into() });
-    let copied_files = copy_aux_files(src, dir)?;
+    let copied_files = model_dir::copy_aux_files(src, dir).map_err(Error::file)?;
     for f in &copied_files {
         progress(Progress::Writing { file: f.clone() });
     }
 
-    // Into place.
-    let staged = staging.keep();
-    if let Err(e) = move_into_place(&staged, dst, options.force) {
-        let _ = std::fs::remove_dir_all(&staged);
-        return Err(e);
-    }
-    created.disarm();
+    let (q_bits, q_params) = quantized_bits_and_params(&items, spec);
+    let result = QuantizeResult {
+        out_dir: dst.into(),
+        spec,
+        quantized_modules: tally.quantized,
+        full_precision_modules: tally.full_precision,
+        requantized_modules: requantized,
+        passed_through: tally.passed_through,
+        weight_files: shards.file_names(),
+        weight_bytes,
+        total_parameters,
+        bits_per_weight: if total_parameters > 0 { weight_bytes as f64 * 8.0 / total_parameters as f64 } else { 0.0 },
+        quantized_bits_per_weight: if q_params > 0.0 { q_bits / q_params } else { 0.0 },
+        copied_files,
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    Ok((staged, result))
+}
 
+/// What [`write_shards`] converted, by kind (module lists sorted).
+struct Tally {
+    quantized: Vec<String>,
+    full_precision: Vec<String>,
+    passed_through: usize,
+}
+
+/// Creates every shard file of `shards` in `dir` (headers from `outputs`), converts the
+/// items one at a time into their places and closes each shard as it completes.
+fn write_shards(
+    files: &mut SourceFiles,
+    items: &[Item],
+    spec: QuantSpec,
+    outputs: &[Planned],
+    shards: &ShardPlan,
+    dir: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Tally> {
+    let mut planned: Vec<Vec<Planned>> = vec![Vec::new(); shards.len()];
+    for p in outputs {
+        planned[shards.shard_of(&p.name).expect("planned")].push(p.clone());
+    }
+    let mut writers: Vec<Option<ShardFile>> = Vec::with_capacity(shards.len());
+    for (i, planned) in planned.iter().enumerate() {
+        writers.push(Some(ShardFile::create(&dir.join(shards.file_name(i)), planned, &[("format", "mlx")])?));
+    }
+    let mut pending: Vec<usize> = planned.iter().map(Vec::len).collect();
+
+    let total = items.len();
+    let mut tally = Tally { quantized: Vec::new(), full_precision: Vec::new(), passed_through: 0 };
+    for (k, it) in items.iter().enumerate() {
+        progress(Progress::Quantizing { index: k + 1, total, name: it.label().into(), action: it.action() });
+        let written = convert(files, it, spec, shards, &mut writers)?;
+        match it {
+            Item::Pass(_) => tally.passed_through += 1,
+            Item::Module { base, action: Action::Quantize, .. } => tally.quantized.push(base.clone()),
+            Item::Module { base, action: Action::FullPrecision, .. } => tally.full_precision.push(base.clone()),
+            Item::Module { .. } => {}
+        }
+        for name in written {
+            let s = shards.shard_of(&name).expect("planned");
+            pending[s] -= 1;
+            if pending[s] == 0 {
+                writers[s].take().expect("finished once").finish()?;
+                progress(Progress::Writing { file: shards.file_name(s) });
+            }
+        }
+        mlx_core::memory::clear_cache();
+    }
+    tally.quantized.sort();
+    tally.full_precision.sort();
+    Ok(tally)
+}
+
+/// Output bits and logical parameters of the quantized modules.
+fn quantized_bits_and_params(items: &[Item], spec: QuantSpec) -> (f64, f64) {
     let q_bits: f64 = items
         .iter()
         .filter(|it| it.action() == Action::Quantize)
@@ -374,23 +392,15 @@ pub fn quantize_model_dir(
             _ => None,
         })
         .sum();
-    let seconds = t0.elapsed().as_secs_f64();
-    progress(Progress::Done { out_dir: dst.into(), seconds });
-    Ok(QuantizeResult {
-        out_dir: dst.into(),
-        spec,
-        quantized_modules,
-        full_precision_modules,
-        requantized_modules: requantized,
-        passed_through,
-        weight_files: (0..n_shards).map(shard_name).collect(),
-        weight_bytes,
-        total_parameters,
-        bits_per_weight: if total_parameters > 0 { weight_bytes as f64 * 8.0 / total_parameters as f64 } else { 0.0 },
-        quantized_bits_per_weight: if q_params > 0.0 { q_bits / q_params } else { 0.0 },
-        copied_files,
-        seconds,
-    })
+    (q_bits, q_params)
+}
+
+/// A staging / rename failure of [`model_dir`] as an [`Error::Destination`].
+fn destination_err(e: mlx_core::Error) -> Error {
+    match e {
+        mlx_core::Error::File { path, message } => Error::Destination { path, message },
+        other => Error::Destination { path: PathBuf::new(), message: other.to_string() },
+    }
 }
 
 /// Refuses an existing destination (unless `force`, and then only a directory that is not
@@ -431,37 +441,13 @@ fn read_config(src: &Path, path: &Path) -> Result<serde_json::Map<String, Value>
     }
 }
 
-/// The weight files of `src` (mlx-lm's rule): the shards of `model.safetensors.index.json`
-/// when it exists, else every `*.safetensors` file, sorted.
+/// The weight files of `src` ([`model_dir::weight_files`]: the index's shards, else
+/// `model*.safetensors`), problems reported as [`Error::Config`].
 fn weight_files(src: &Path) -> Result<Vec<PathBuf>> {
-    let index = src.join("model.safetensors.index.json");
-    if index.is_file() {
-        let bad = |message: String| Error::Config { path: index.clone(), message };
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| bad("no `weight_map` object".into()))?;
-        let mut shards: Vec<&str> = map.values().filter_map(Value::as_str).collect();
-        shards.sort();
-        shards.dedup();
-        let files: Vec<PathBuf> = shards.into_iter().map(|s| src.join(s)).collect();
-        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
-            return Err(bad(format!("`weight_map` lists {}, which does not exist", missing.display())));
-        }
-        return Ok(files);
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(src)
-        .map_err(|e| Error::io(src, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::Config {
-            path: src.into(),
-            message: "no *.safetensors weight files in the model directory".into(),
-        });
-    }
-    Ok(files)
+    model_dir::weight_files(src).map_err(|e| match e {
+        mlx_core::Error::File { path, message } => Error::Config { path, message },
+        other => Error::Config { path: src.into(), message: other.to_string() },
+    })
 }
 
 /// The tensors an item writes, with their dtypes and shapes.
@@ -531,12 +517,12 @@ fn convert(
     files: &mut SourceFiles,
     it: &Item,
     spec: QuantSpec,
-    shard_of: &HashMap<String, usize>,
+    shards: &ShardPlan,
     writers: &mut [Option<ShardFile>],
 ) -> Result<Vec<String>> {
     match it {
         Item::Pass(t) => {
-            let w = writer(writers, shard_of, &t.name);
+            let w = writer(writers, shards, &t.name);
             let off = w.offset_of(&t.name).expect("planned");
             files.copy_to(t, w, off)?;
             w.mark(&t.name);
@@ -547,7 +533,7 @@ fn convert(
             // The full-precision matrix (dense source: no MLX round trip when only copied).
             let (dense, first) = match source.as_ref() {
                 Source::Dense(t) if *action != Action::Quantize => {
-                    let w = writer(writers, shard_of, &wname);
+                    let w = writer(writers, shards, &wname);
                     let off = w.offset_of(&wname).expect("planned");
                     files.copy_to(t, w, off)?;
                     w.mark(&wname);
@@ -563,7 +549,7 @@ fn convert(
             let to_bytes = |a: &Array| a.to_bytes().map_err(|e| mlx_err(files, first, e));
             if *action != Action::Quantize {
                 let bytes = to_bytes(&dense)?;
-                writer(writers, shard_of, &wname).write_tensor(&wname, &bytes)?;
+                writer(writers, shards, &wname).write_tensor(&wname, &bytes)?;
                 return Ok(vec![wname]);
             }
             let q = quant::quantize(&dense, spec).map_err(|e| mlx_err(files, first, e))?;
@@ -580,7 +566,7 @@ fn convert(
                     });
                 }
                 let bytes = to_bytes(a)?;
-                writer(writers, shard_of, &name).write_tensor(&name, &bytes)?;
+                writer(writers, shards, &name).write_tensor(&name, &bytes)?;
                 names.push(name);
             }
             Ok(names)
@@ -588,12 +574,10 @@ fn convert(
     }
 }
 
-fn writer<'a>(
-    writers: &'a mut [Option<ShardFile>],
-    shard_of: &HashMap<String, usize>,
-    name: &str,
-) -> &'a mut ShardFile {
-    writers[shard_of[name]].as_mut().expect("a shard stays open until all its tensors are written")
+fn writer<'a>(writers: &'a mut [Option<ShardFile>], shards: &ShardPlan, name: &str) -> &'a mut ShardFile {
+    writers[shards.shard_of(name).expect("planned")]
+        .as_mut()
+        .expect("a shard stays open until all its tensors are written")
 }
 
 fn planned_dtype(suffix: &str, first: &TensorRef, source: &Source) -> StDtype {
@@ -601,108 +585,5 @@ fn planned_dtype(suffix: &str, first: &TensorRef, source: &Source) -> StDtype {
         ("weight", _) => StDtype::U32,
         (_, Source::Quantized { scales, .. }) => scales.dtype,
         _ => first.dtype,
-    }
-}
-
-/// Whether `name` is a file copied from the source: tokenizer files, chat templates,
-/// generation config, custom model code.
-fn is_aux_file(name: &str) -> bool {
-    if name.starts_with('.') || name.ends_with(".safetensors") {
-        return false;
-    }
-    if matches!(name, "config.json" | "model.safetensors.index.json") {
-        return false;
-    }
-    name.starts_with("tokenizer")
-        || name.starts_with("vocab")
-        || name.starts_with("chat_template")
-        || name.ends_with(".tiktoken")
-        || name.ends_with(".py")
-        || matches!(
-            name,
-            "special_tokens_map.json"
-                | "added_tokens.json"
-                | "merges.txt"
-                | "generation_config.json"
-                | "preprocessor_config.json"
-                | "processor_config.json"
-                | "tiktoken.model"
-        )
-}
-
-fn copy_aux_files(src: &Path, dir: &Path) -> Result<Vec<String>> {
-    let mut copied = Vec::new();
-    for e in std::fs::read_dir(src).map_err(|e| Error::io(src, e))? {
-        let e = e.map_err(|e| Error::io(src, e))?;
-        let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
-        if !is_aux_file(&name) || !e.path().is_file() {
-            continue;
-        }
-        std::fs::copy(e.path(), dir.join(&name)).map_err(|err| Error::io(e.path(), err))?;
-        copied.push(name);
-    }
-    copied.sort();
-    Ok(copied)
-}
-
-/// Renames `staged` to `dst`; with `force` an existing `dst` is first moved aside and
-/// removed only after the rename succeeded (restored otherwise).
-fn move_into_place(staged: &Path, dst: &Path, force: bool) -> Result<()> {
-    let dest_err = |e: std::io::Error| Error::Destination {
-        path: dst.into(),
-        message: format!("cannot move the output into place: {e}"),
-    };
-    if std::fs::symlink_metadata(dst).is_ok() {
-        if !force || !dst.is_dir() {
-            return Err(Error::Destination { path: dst.into(), message: "appeared while quantizing".into() });
-        }
-        let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-        let aside = dst.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
-        std::fs::rename(dst, &aside).map_err(dest_err)?;
-        if let Err(e) = std::fs::rename(staged, dst) {
-            let _ = std::fs::rename(&aside, dst);
-            return Err(dest_err(e));
-        }
-        std::fs::remove_dir_all(&aside).map_err(|e| Error::io(&aside, e))?;
-        return Ok(());
-    }
-    std::fs::rename(staged, dst).map_err(dest_err)
-}
-
-/// Parent directories created for the output, removed again (if still empty) on drop
-/// unless disarmed.
-struct CreatedDirs(Vec<PathBuf>);
-
-impl CreatedDirs {
-    fn create(dir: &Path, dst: &Path) -> Result<CreatedDirs> {
-        let mut missing = Vec::new();
-        let mut d = Some(dir);
-        while let Some(p) = d {
-            if p.as_os_str().is_empty() || std::fs::symlink_metadata(p).is_ok() {
-                break;
-            }
-            missing.push(p.to_path_buf());
-            d = p.parent();
-        }
-        let guard = CreatedDirs(missing);
-        if !guard.0.is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::Destination {
-                path: dst.into(),
-                message: format!("cannot create its parent directory {}: {e}", dir.display()),
-            })?;
-        }
-        Ok(guard)
-    }
-
-    fn disarm(&mut self) {
-        self.0.clear();
-    }
-}
-
-impl Drop for CreatedDirs {
-    fn drop(&mut self) {
-        for d in &self.0 {
-            let _ = std::fs::remove_dir(d);
-        }
     }
 }

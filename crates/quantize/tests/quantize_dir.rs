@@ -285,3 +285,24 @@ fn models_loads_the_output() {
     };
     assert!(err.contains("q_proj"), "{err}");
 }
+
+/// Only the model's own weight files are read (mlx-lm: the index's shards, else
+/// `model*.safetensors`): an unrelated `eval_outputs.safetensors` beside them is neither
+/// quantized nor copied.
+#[test]
+fn unrelated_safetensors_beside_the_model_are_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("out"));
+    let tensors = mixed_source(&src);
+    let stranger = arr(&[4, 128], Dtype::Float32, 10);
+    mlx_core::io::save_safetensors(src.join("eval_outputs.safetensors"), [("logits.weight", &stranger)], []).unwrap();
+    let r = quantize_model_dir(&src, &dst, &QuantizeOptions::default(), &mut |_| {}).unwrap();
+    let out = load_all(&dst);
+    assert!(!out.keys().any(|k| k.starts_with("logits")), "{:?}", out.keys());
+    for name in out.keys() {
+        let base = name.rsplit_once('.').map_or(name.as_str(), |(b, _)| b);
+        assert!(tensors.iter().any(|(k, _)| k.starts_with(base)), "{name} is not the model's");
+    }
+    assert_eq!(r.weight_files, ["model.safetensors"]);
+    assert!(!entries(&dst).iter().any(|f| f.contains("eval_outputs")));
+}

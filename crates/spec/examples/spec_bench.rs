@@ -25,7 +25,7 @@
 //! step). `--arms`
 //! keeps only the named arms (plain always runs), `--repeats` runs each prompt several times
 //! (arms interleaved within each repetition). `--target gemma3-270m` is Gemma 3 270M, fetched
-//! and imported on first use (`models::fixtures`). For example:
+//! and imported on first use (`test_support::fixtures`). For example:
 //!
 //! ```sh
 //! cargo run --release -p spec --example spec_bench -- --target gemma3-270m \
@@ -192,7 +192,7 @@ impl LayerCache for NoRollback {
 fn main() -> Result<()> {
     let mut a = Args::parse();
     if a.target.as_os_str() == "gemma3-270m" {
-        a.target = models::fixtures::ensure_gemma3_270m(&mut |_| {}).context("fetching Gemma 3 270M")?;
+        a.target = test_support::fixtures::ensure_gemma3_270m(&mut |_| {}).context("fetching Gemma 3 270M")?;
     }
     let dtype = mlx_core::Dtype::from_name(&a.dtype).with_context(|| format!("--dtype {}", a.dtype))?;
     let load = LoadOptions { dtype: Some(dtype) };

@@ -1,5 +1,5 @@
 //! DSpark drafting through the shared executor on the deterministic tiny pairs of
-//! `drafter::fixtures`, generated into a temporary directory: a 4-layer Qwen3 target with a
+//! `test_support::dspark`, generated into a temporary directory: a 4-layer Qwen3 target with a
 //! `Qwen3DSparkModel` drafter, and a 6-layer Gemma 4 target (sliding window 8, KV-shared
 //! layers, `k_eq_v`, soft-capping) with a `Gemma4DSparkModel` drafter. Speculative output
 //! equals plain output token for token, greedy and seeded-sampled, for the bf16 drafters and
@@ -14,16 +14,16 @@ use std::path::Path;
 
 use common::{plain, spec_run};
 use drafter::Drafter;
-use drafter::fixtures::{
-    BLOCK_SIZE, GEMMA4_SLIDING_WINDOW, quantize_drafter_for_tests, write_tiny_dspark, write_tiny_gemma4_target,
-    write_tiny_target,
-};
 use mlx_core::quant::QuantSpec;
 use mlx_core::{Array, Dtype, concatenate};
 use models::generate::ids;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::dspark::{DSparkProvider, DSparkSource};
 use spec::{Acceptance, DraftProvider, DraftSource, Error, SpecOptions, speculative_generate};
+use test_support::dspark::{
+    BLOCK_SIZE, GEMMA4_SLIDING_WINDOW, quantize_drafter_for_tests, write_tiny_dspark, write_tiny_gemma4_target,
+    write_tiny_target,
+};
 
 const SEED: u64 = 11;
 

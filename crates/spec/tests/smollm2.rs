@@ -187,7 +187,7 @@ fn smollm2_dense_speculative_equals_plain() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let q4_tok = Tokenizer::from_dir(&q4_dir).unwrap();
     check_tokenizers(&q4_tok, &tok, "smollm2-q4", "smollm2-f32").unwrap();
-    let qwen = models::fixtures::qwen2_coder_05b_path();
+    let qwen = test_support::fixtures::qwen2_coder_05b_path();
     if qwen.join("tokenizer.json").is_file() {
         let other = Tokenizer::from_dir(&qwen).unwrap();
         let err = check_tokenizers(&other, &tok, "qwen2.5-coder-0.5b", "smollm2").unwrap_err();

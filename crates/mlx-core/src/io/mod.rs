@@ -11,6 +11,7 @@ use mlx_sys::ffi;
 use crate::{Array, Error, Result};
 
 pub mod gguf;
+pub mod model_dir;
 
 pub use gguf::{Gguf, GgufValue};
 

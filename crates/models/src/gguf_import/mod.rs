@@ -31,11 +31,12 @@ pub use mlx_core::io::gguf::blocks;
 /// The GGUF container reader (mlx-core's [`mlx_core::io::gguf::reader`]).
 pub use mlx_core::io::gguf::reader;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use half::f16;
+use mlx_core::io::model_dir::{self, ShardPlan, StagedDir};
 use mlx_core::quant::{self, QuantSpec};
 use mlx_core::{Array, Dtype};
 use serde_json::{Value, json};
@@ -46,8 +47,9 @@ use reader::{GgufFile, TensorInfo};
 
 use crate::{Error, Result};
 
-/// The largest weight file written before splitting into shards (mlx-lm's 5 GiB).
-pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5 << 30;
+/// The largest weight file written before splitting into shards (mlx-lm's 5 GiB,
+/// [`model_dir::MAX_SHARD_BYTES`]).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = model_dir::MAX_SHARD_BYTES;
 
 /// How [`import_gguf`] stores the weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,7 +238,9 @@ fn reader_err(e: mlx_core::Error) -> Error {
 ///   [`crate::tokenizer::tokenizer_files_from_gguf`], unless `options.skip_tokenizer`.
 ///
 /// Everything is written into a hidden temporary directory beside `out_dir` (missing
-/// parent directories are created) and renamed into place only when complete. On any
+/// parent directories are created; [`mlx_core::io::model_dir::StagedDir`]) and renamed
+/// into place only when complete; shards follow mlx-lm's `make_shards` rule
+/// ([`mlx_core::io::model_dir::ShardPlan`]). On any
 /// error nothing is left behind: no `out_dir`, no temporary directory, no parent directory
 /// this call created. `progress` receives [`ImportProgress`] events.
 ///
@@ -253,9 +257,11 @@ fn reader_err(e: mlx_core::Error) -> Error {
 /// - [`Error::Unsupported`] for an architecture other than llama/qwen2, a known but
 ///   unsupported tensor type (IQ*, TQ*, ...), partial rotary, an unsupported rope
 ///   scaling, or invalid options (no parts, a non-float `dtype`, a zero shard size);
-/// - [`Error::Io`] when a part does not exist (or its size cannot be read) or an output
-///   file cannot be written; [`Error::Mlx`] when MLX fails to
-///   build, quantize or save an array; any error of the tokenizer builder.
+/// - [`Error::Io`] when a part does not exist (or its size cannot be read);
+///   [`Error::Mlx`] when MLX fails to build, quantize or save an array, or
+///   ([`mlx_core::Error::File`], naming it) when an output file, the staging directory or
+///   a missing parent cannot be created or the rename into place fails; any error of the
+///   tokenizer builder.
 pub fn import_gguf(
     parts: &[PathBuf],
     out_dir: &Path,
@@ -263,6 +269,77 @@ pub fn import_gguf(
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<ImportSummary> {
     let t0 = Instant::now();
+    let (dtype, scale_dtype, quantize) = check_options(options)?;
+    check_out_dir(out_dir, options.force)?;
+
+    if parts.is_empty() {
+        return Err(Error::Unsupported("reading a GGUF file from an empty list of parts".into()));
+    }
+    let mut bytes = 0u64;
+    for p in parts {
+        bytes += std::fs::metadata(p).map_err(|e| Error::io(p, e))?.len();
+    }
+    progress(ImportProgress::Reading { parts: parts.len(), bytes });
+    let g = open_gguf(parts)?;
+    let hp = Hparams::from_gguf(&g)?;
+    let items = plan_items(hp.map_all(&g)?, quantize, options.keep_quantized);
+    let quant_config = quantization_block(&items);
+    let tokenizer =
+        if options.skip_tokenizer { None } else { Some(crate::tokenizer::tokenizer_files_from_gguf(&g.to_mlx()?)?) };
+
+    // Shards over the sorted output names, with mlx-lm's rule.
+    let mut outputs: Vec<(String, u64)> = items.iter().flat_map(|it| it.outputs(dtype, scale_dtype)).collect();
+    outputs.sort();
+    let shards = ShardPlan::new(outputs, options.max_shard_bytes);
+
+    let staged = StagedDir::create(out_dir, "importing")?;
+    let dir = staged.path();
+    let written = write_shards(&g, &items, &shards, dir, dtype, scale_dtype, progress)?;
+    let total_parameters: u64 = items.iter().map(|it| it.info.numel()).sum();
+    shards.write_index(dir, total_parameters)?;
+
+    let mut config = hp.config(&g, torch_dtype(dtype));
+    if let Some(q) = &quant_config {
+        config.insert("quantization".into(), q.clone());
+        config.insert("quantization_config".into(), q.clone());
+    }
+    write_json(&dir.join("config.json"), &Value::Object(config.into_iter().collect()))?;
+    write_json(&dir.join("generation_config.json"), &Value::Object(hp.generation_config(&g).into_iter().collect()))?;
+    if let Some(t) = &tokenizer {
+        write_text(&dir.join("tokenizer.json"), &t.tokenizer_json)?;
+        write_text(&dir.join("tokenizer_config.json"), &t.tokenizer_config_json)?;
+    }
+    staged.commit(options.force)?;
+
+    let quantized_modules =
+        items.iter().filter(|it| matches!(it.store, Store::Keep { .. } | Store::Requant(_))).count();
+    let modules = items.iter().filter(|it| !it.map.bias && it.map.kind != Kind::Norm).count();
+    let weight_bytes = shards.total_bytes();
+    let seconds = t0.elapsed().as_secs_f64();
+    progress(ImportProgress::Done { out_dir: out_dir.to_path_buf(), bytes: weight_bytes, seconds });
+    Ok(ImportSummary {
+        out_dir: out_dir.to_path_buf(),
+        model_type: hp.arch.clone(),
+        gguf_tensors: g.tensors.len(),
+        gguf_types: gguf_types(&g),
+        tensors_written: written,
+        quantized_modules,
+        dense_modules: modules - quantized_modules,
+        quantization: quant_config
+            .as_ref()
+            .and_then(|q| QuantSpec::new(q["group_size"].as_i64()? as i32, q["bits"].as_i64()? as i32).ok()),
+        weight_files: shards.file_names(),
+        weight_bytes,
+        total_parameters,
+        tokenizer: tokenizer.is_some(),
+        dtype,
+        seconds,
+    })
+}
+
+/// The dense dtype, the scale dtype of kept GGUF blocks and the requantization spec of
+/// `options`.
+fn check_options(options: &ImportOptions) -> Result<(Dtype, Dtype, Option<QuantSpec>)> {
     let dtype = options.dtype.unwrap_or(if options.keep_quantized && options.quantize.is_none() {
         Dtype::Float16
     } else {
@@ -276,7 +353,13 @@ pub fn import_gguf(
     }
     let quantize = options.quantize.map(|s| QuantSpec::new(s.group_size, s.bits)).transpose()?;
     let scale_dtype = if dtype == Dtype::Float32 { Dtype::Float32 } else { Dtype::Float16 };
-    if out_dir.exists() && (!options.force || !out_dir.is_dir()) {
+    Ok((dtype, scale_dtype, quantize))
+}
+
+/// Refuses an existing `out_dir` unless `force`, and even then one that is not a model
+/// directory (no `config.json`) and not empty.
+fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
+    if out_dir.exists() && (!force || !out_dir.is_dir()) {
         let why = if out_dir.is_dir() {
             "already exists (--force / ImportOptions::force replaces a model directory)"
         } else {
@@ -294,20 +377,15 @@ pub fn import_gguf(
             ));
         }
     }
-    let out_name = out_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| out_err(out_dir, "output directory needs a UTF-8 final path component"))?
-        .to_string();
+    if out_dir.file_name().and_then(|n| n.to_str()).is_none() {
+        return Err(out_err(out_dir, "output directory needs a UTF-8 final path component"));
+    }
+    Ok(())
+}
 
-    if parts.is_empty() {
-        return Err(Error::Unsupported("reading a GGUF file from an empty list of parts".into()));
-    }
-    let mut bytes = 0u64;
-    for p in parts {
-        bytes += std::fs::metadata(p).map_err(|e| Error::io(p, e))?.len();
-    }
-    progress(ImportProgress::Reading { parts: parts.len(), bytes });
+/// Opens the parts as one GGUF file, logging the reader's warnings and refusing tensor
+/// types it cannot decode.
+fn open_gguf(parts: &[PathBuf]) -> Result<GgufFile> {
     let g = GgufFile::open(parts).map_err(reader_err)?;
     for w in &g.warnings {
         tracing::warn!(path = %g.path().display(), "{w}");
@@ -321,14 +399,20 @@ pub fn import_gguf(
             blocks::GgmlType::SUPPORTED.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
         )));
     }
-    let hp = Hparams::from_gguf(&g)?;
-    let mapped = hp.map_all(&g)?;
-    let mut gguf_types = BTreeMap::new();
-    for t in &g.tensors {
-        *gguf_types.entry(t.ty.name()).or_insert(0) += 1;
-    }
+    Ok(g)
+}
 
-    // Plan: how each tensor is stored, in output-name order.
+/// GGUF tensor count by GGML type name.
+fn gguf_types(g: &GgufFile) -> BTreeMap<String, usize> {
+    let mut types = BTreeMap::new();
+    for t in &g.tensors {
+        *types.entry(t.ty.name()).or_insert(0) += 1;
+    }
+    types
+}
+
+/// How each tensor is stored, in output-name order.
+fn plan_items(mapped: Vec<(TensorInfo, Mapped)>, quantize: Option<QuantSpec>, keep_quantized: bool) -> Vec<Item> {
     let mut items: Vec<Item> = mapped
         .into_iter()
         .map(|(info, map)| {
@@ -338,7 +422,7 @@ pub fn import_gguf(
                 (_, false) => Store::Dense,
                 (Some(s), true) if cols % s.group_size == 0 => Store::Requant(s),
                 (Some(_), true) => Store::Dense,
-                (None, true) if options.keep_quantized && blocks::affine_compatible(info.ty) => {
+                (None, true) if keep_quantized && blocks::affine_compatible(info.ty) => {
                     Store::Keep { bits: bits_of(info.ty) }
                 }
                 (None, true) => Store::Dense,
@@ -347,63 +431,33 @@ pub fn import_gguf(
         })
         .collect();
     items.sort_by_key(|it| it.map.name());
-    let quant_config = quantization_block(&items);
+    items
+}
 
-    let tokenizer =
-        if options.skip_tokenizer { None } else { Some(crate::tokenizer::tokenizer_files_from_gguf(&g.to_mlx()?)?) };
-
-    // Shards over the sorted output names, with mlx-lm's rule.
-    let mut outputs: Vec<(String, u64, usize)> = Vec::new();
-    for (i, it) in items.iter().enumerate() {
-        outputs.extend(it.outputs(dtype, scale_dtype).into_iter().map(|(n, b)| (n, b, i)));
-    }
-    outputs.sort();
-    let mut shard_of: HashMap<String, usize> = HashMap::new();
-    let mut shard_sizes: Vec<u64> = Vec::new();
-    for (name, nbytes, _) in &outputs {
-        match shard_sizes.last_mut() {
-            Some(s) if *s + nbytes <= options.max_shard_bytes => *s += nbytes,
-            _ => shard_sizes.push(*nbytes),
-        }
-        shard_of.insert(name.clone(), shard_sizes.len() - 1);
-    }
-    let n_shards = shard_sizes.len();
-    let shard_name = |i: usize| {
-        if n_shards == 1 {
-            "model.safetensors".to_string()
-        } else {
-            format!("model-{:05}-of-{:05}.safetensors", i + 1, n_shards)
-        }
-    };
-    let weight_bytes: u64 = shard_sizes.iter().sum();
-
-    // Staging directory beside out_dir.
-    let parent = match out_dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let mut created = CreatedDirs::create(&parent)?;
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{out_name}.importing-"))
-        .tempdir_in(&parent)
-        .map_err(|e| Error::io(&parent, e))?;
-    let dir = staging.path();
-
-    let mut pending: Vec<usize> = vec![0; n_shards];
-    for (name, _, _) in &outputs {
-        pending[shard_of[name]] += 1;
-    }
+/// Converts every item on the calling thread and writes each shard of `shards` into `dir`
+/// as soon as all its tensors are converted; returns the number of tensors written.
+fn write_shards(
+    g: &GgufFile,
+    items: &[Item],
+    shards: &ShardPlan,
+    dir: &Path,
+    dtype: Dtype,
+    scale_dtype: Dtype,
+    progress: &mut dyn FnMut(ImportProgress),
+) -> Result<usize> {
+    let n_shards = shards.len();
+    let mut pending: Vec<usize> = (0..n_shards).map(|i| shards.tensors(i).len()).collect();
     let mut buffers: Vec<Vec<(String, Array)>> = vec![Vec::new(); n_shards];
     let mut written = 0usize;
     let total = items.len();
     for (k, it) in items.iter().enumerate() {
         progress(ImportProgress::Converting { index: k + 1, total, name: it.map.name() });
-        for (name, array) in convert(&g, it, dtype, scale_dtype)? {
-            let s = shard_of[&name];
+        for (name, array) in convert(g, it, dtype, scale_dtype)? {
+            let s = shards.shard_of(&name).expect("planned");
             buffers[s].push((name, array));
             pending[s] -= 1;
             if pending[s] == 0 {
-                let file = shard_name(s);
+                let file = shards.file_name(s);
                 progress(ImportProgress::Writing { file: file.clone(), index: s + 1, total: n_shards });
                 let tensors = std::mem::take(&mut buffers[s]);
                 written += tensors.len();
@@ -416,59 +470,7 @@ pub fn import_gguf(
         }
     }
     debug_assert!(pending.iter().all(|&p| p == 0));
-
-    let total_parameters: u64 = items.iter().map(|it| it.info.numel()).sum();
-    let weight_map: serde_json::Map<String, Value> =
-        outputs.iter().map(|(n, _, _)| (n.clone(), json!(shard_name(shard_of[n])))).collect();
-    let index = json!({
-        "metadata": {"total_size": weight_bytes, "total_parameters": total_parameters},
-        "weight_map": weight_map,
-    });
-    write_json(&dir.join("model.safetensors.index.json"), &index)?;
-
-    let mut config = hp.config(&g, torch_dtype(dtype));
-    if let Some(q) = &quant_config {
-        config.insert("quantization".into(), q.clone());
-        config.insert("quantization_config".into(), q.clone());
-    }
-    write_json(&dir.join("config.json"), &Value::Object(config.into_iter().collect()))?;
-    write_json(&dir.join("generation_config.json"), &Value::Object(hp.generation_config(&g).into_iter().collect()))?;
-    if let Some(t) = &tokenizer {
-        write_text(&dir.join("tokenizer.json"), &t.tokenizer_json)?;
-        write_text(&dir.join("tokenizer_config.json"), &t.tokenizer_config_json)?;
-    }
-
-    // Into place.
-    let staged = staging.keep();
-    if let Err(e) = move_into_place(&staged, out_dir, options.force) {
-        let _ = std::fs::remove_dir_all(&staged);
-        return Err(e);
-    }
-    created.disarm();
-
-    let quantized_modules =
-        items.iter().filter(|it| matches!(it.store, Store::Keep { .. } | Store::Requant(_))).count();
-    let modules = items.iter().filter(|it| !it.map.bias && it.map.kind != Kind::Norm).count();
-    let seconds = t0.elapsed().as_secs_f64();
-    progress(ImportProgress::Done { out_dir: out_dir.to_path_buf(), bytes: weight_bytes, seconds });
-    Ok(ImportSummary {
-        out_dir: out_dir.to_path_buf(),
-        model_type: hp.arch.clone(),
-        gguf_tensors: g.tensors.len(),
-        gguf_types,
-        tensors_written: written,
-        quantized_modules,
-        dense_modules: modules - quantized_modules,
-        quantization: quant_config
-            .as_ref()
-            .and_then(|q| QuantSpec::new(q["group_size"].as_i64()? as i32, q["bits"].as_i64()? as i32).ok()),
-        weight_files: (0..n_shards).map(shard_name).collect(),
-        weight_bytes,
-        total_parameters,
-        tokenizer: tokenizer.is_some(),
-        dtype,
-        seconds,
-    })
+    Ok(written)
 }
 
 fn bits_of(ty: blocks::GgmlType) -> i32 {
@@ -637,68 +639,7 @@ fn write_text(path: &Path, text: &str) -> Result<()> {
 
 /// JSON with 4-space indentation and a trailing newline (mlx-lm's `json.dump(indent=4)`).
 fn write_json(path: &Path, v: &Value) -> Result<()> {
-    use serde::Serialize;
-    let mut buf = Vec::new();
-    let mut ser =
-        serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
-    v.serialize(&mut ser).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
-    buf.push(b'\n');
-    std::fs::write(path, buf).map_err(|e| Error::io(path, e))
-}
-
-/// Renames `staged` to `out_dir`; with `force` an existing `out_dir` is first moved aside
-/// and removed only after the rename succeeded (restored otherwise).
-fn move_into_place(staged: &Path, out_dir: &Path, force: bool) -> Result<()> {
-    if out_dir.exists() {
-        if !force || !out_dir.is_dir() {
-            return Err(out_err(out_dir, "output directory appeared while importing"));
-        }
-        let name = out_dir.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-        let aside = out_dir.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
-        std::fs::rename(out_dir, &aside).map_err(|e| Error::io(out_dir, e))?;
-        if let Err(e) = std::fs::rename(staged, out_dir) {
-            let _ = std::fs::rename(&aside, out_dir);
-            return Err(Error::io(out_dir, e));
-        }
-        std::fs::remove_dir_all(&aside).map_err(|e| Error::io(&aside, e))?;
-        return Ok(());
-    }
-    std::fs::rename(staged, out_dir).map_err(|e| Error::io(out_dir, e))
-}
-
-/// Parent directories created for the output, removed again (if still empty) on drop
-/// unless disarmed.
-struct CreatedDirs(Vec<PathBuf>);
-
-impl CreatedDirs {
-    fn create(dir: &Path) -> Result<CreatedDirs> {
-        let mut missing = Vec::new();
-        let mut d = Some(dir);
-        while let Some(p) = d {
-            if p.as_os_str().is_empty() || p.exists() {
-                break;
-            }
-            missing.push(p.to_path_buf());
-            d = p.parent();
-        }
-        let guard = CreatedDirs(missing);
-        if !guard.0.is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        Ok(guard)
-    }
-
-    fn disarm(&mut self) {
-        self.0.clear();
-    }
-}
-
-impl Drop for CreatedDirs {
-    fn drop(&mut self) {
-        for d in &self.0 {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
+    Ok(mlx_core::io::model_dir::write_json(path, v)?)
 }
 
 #[cfg(test)]

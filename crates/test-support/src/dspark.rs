@@ -25,7 +25,7 @@ use mlx_core::random::{Key, normal};
 use mlx_core::{Array, Dtype, fast};
 use serde_json::{Value, json};
 
-use crate::{Architecture, Result};
+use drafter::{Architecture, Result};
 
 /// The tiny target's dimensions (a Qwen3: per-head q/k norms, untied head).
 pub const TARGET_LAYERS: usize = 4;
@@ -113,7 +113,7 @@ fn save(path: &Path, tensors: &[(String, Array)], dtype: Dtype) -> Result<()> {
 /// the bigram path dominates but the layers still flip some tokens).
 ///
 /// # Errors
-/// [`crate::Error::Mlx`] / [`crate::Error::Model`] when a file cannot be written.
+/// [`drafter::Error::Mlx`] / [`drafter::Error::Model`] when a file cannot be written.
 pub fn write_tiny_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
     let mut d = Draw { seed, next: 0 };
     let mut t: Vec<(String, Array)> = Vec::new();
@@ -166,7 +166,7 @@ pub fn write_tiny_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
 /// of what each layer adds to a residual stream of RMS `sqrt(H)` (the tests use 1.5).
 ///
 /// # Errors
-/// [`crate::Error::Mlx`] / [`crate::Error::Model`] when a file cannot be written.
+/// [`drafter::Error::Mlx`] / [`drafter::Error::Model`] when a file cannot be written.
 pub fn write_tiny_gemma4_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
     let mut d = Draw { seed: seed ^ 0x006e_44a4, next: 0 };
     let n = GEMMA4_LAYER_TYPES.len();
@@ -404,7 +404,7 @@ fn write_dspark(dir: &Path, dims: &DrafterDims, d: &mut Draw, embed: Array, w1: 
 /// `[h; W1[prev]]`. `embed_tokens` is the target's, as DeepSpec ships it.
 ///
 /// # Errors
-/// [`crate::Error::Mlx`] / [`crate::Error::Model`] when the target cannot be read or a file
+/// [`drafter::Error::Mlx`] / [`drafter::Error::Model`] when the target cannot be read or a file
 /// cannot be written.
 pub fn write_tiny_dspark(dir: &Path, target_dir: &Path, seed: u64) -> Result<()> {
     let target = mlx_core::io::load_safetensors(target_dir.join("model.safetensors"))?;
@@ -427,7 +427,7 @@ pub fn write_tiny_dspark(dir: &Path, target_dir: &Path, seed: u64) -> Result<()>
 /// `V - 1`.
 ///
 /// # Errors
-/// [`crate::Error::Mlx`] / [`crate::Error::Model`] when a file cannot be written.
+/// [`drafter::Error::Mlx`] / [`drafter::Error::Model`] when a file cannot be written.
 pub fn write_random_dspark(dir: &Path, dims: &DrafterDims, seed: u64) -> Result<()> {
     let mut d = Draw { seed, next: 0 };
     let embed = d.normal(&[dims.vocab, dims.hidden], 0.5)?;
@@ -437,14 +437,14 @@ pub fn write_random_dspark(dir: &Path, dims: &DrafterDims, seed: u64) -> Result<
 }
 
 /// Quantizes the drafter in `src` into `dst` with the product's drafter policy
-/// ([`crate::quant::quantize_drafter_dir`]: everything eligible but `confidence_head.*`,
+/// ([`drafter::quant::quantize_drafter_dir`]: everything eligible but `confidence_head.*`,
 /// atomic write, load smoke), replacing `dst` if it exists. Returns the quantized module
 /// bases, sorted.
 ///
 /// # Errors
-/// Those of [`crate::quant::quantize_drafter_dir`].
+/// Those of [`drafter::quant::quantize_drafter_dir`].
 pub fn quantize_drafter_for_tests(src: &Path, dst: &Path, spec: QuantSpec) -> Result<Vec<String>> {
-    let r = crate::quant::quantize_drafter_dir(src, dst, spec.bits, spec.group_size, true, &mut |_| {})?;
+    let r = drafter::quant::quantize_drafter_dir(src, dst, spec.bits, spec.group_size, true, &mut |_| {})?;
     let mut bases = r.quantize.quantized_modules;
     bases.sort();
     Ok(bases)

