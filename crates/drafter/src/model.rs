@@ -18,6 +18,7 @@ use mlx_core::{Array, Dtype, concatenate};
 use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
+use models::loader::Loader;
 use models::weights::{Weights, weight_files};
 use models::{LoadOptions, Sampler};
 
@@ -185,85 +186,77 @@ impl Drafter {
         } else {
             weight_files(dir)?
         };
-        let mut w = Weights::load_files(dir, &files)?;
+        let mut weights = Weights::load_files(dir, &files)?;
         let quantized: Vec<String> =
-            w.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
+            weights.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
+        let mut w = Loader::new(&mut weights, &ctx);
         let c = &config;
         let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let gemma = c.architecture == Architecture::Gemma4;
         let bias = c.attention_bias;
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
-            let p = format!("layers.{i}");
-            let a = format!("{p}.self_attn");
-            let norm = |w: &mut Weights, n: &str, dim: usize| RmsNorm::load(w, &ctx, &format!("{p}.{n}"), dim, eps);
+            let mut p = w.pp(format_args!("layers.{i}"));
+            let mut a = p.pp("self_attn");
             let attn = Attention {
-                q_proj: Linear::load(&mut w, &ctx, &format!("{a}.q_proj"), nh * hd, h, bias)?,
-                k_proj: Linear::load(&mut w, &ctx, &format!("{a}.k_proj"), nkv * hd, h, bias)?,
-                v_proj: if c.k_eq_v {
-                    None
-                } else {
-                    Some(Linear::load(&mut w, &ctx, &format!("{a}.v_proj"), nkv * hd, h, bias)?)
-                },
-                o_proj: Linear::load(&mut w, &ctx, &format!("{a}.o_proj"), h, nh * hd, bias)?,
-                q_norm: norm(&mut w, "self_attn.q_norm", hd)?,
-                k_norm: norm(&mut w, "self_attn.k_norm", hd)?,
+                q_proj: a.linear("q_proj", nh * hd, h, bias)?,
+                k_proj: a.linear("k_proj", nkv * hd, h, bias)?,
+                v_proj: if c.k_eq_v { None } else { Some(a.linear("v_proj", nkv * hd, h, bias)?) },
+                o_proj: a.linear("o_proj", h, nh * hd, bias)?,
+                q_norm: a.norm("q_norm", hd, eps)?,
+                k_norm: a.norm("k_norm", hd, eps)?,
                 v_norm: gemma,
             };
-            let m = format!("{p}.mlp");
             let iw = c.mlp_width(i);
+            let mut m = p.pp("mlp");
+            let (gate_proj, up_proj, down_proj) = (
+                m.linear("gate_proj", iw, h, false)?,
+                m.linear("up_proj", iw, h, false)?,
+                m.linear("down_proj", h, iw, false)?,
+            );
             layers.push(Layer {
                 attn,
-                gate_proj: Linear::load(&mut w, &ctx, &format!("{m}.gate_proj"), iw, h, false)?,
-                up_proj: Linear::load(&mut w, &ctx, &format!("{m}.up_proj"), iw, h, false)?,
-                down_proj: Linear::load(&mut w, &ctx, &format!("{m}.down_proj"), h, iw, false)?,
-                input_layernorm: norm(&mut w, "input_layernorm", h)?,
-                post_attention_layernorm: norm(&mut w, "post_attention_layernorm", h)?,
+                gate_proj,
+                up_proj,
+                down_proj,
+                input_layernorm: p.norm("input_layernorm", h, eps)?,
+                post_attention_layernorm: p.norm("post_attention_layernorm", h, eps)?,
                 pre_feedforward_layernorm: if gemma {
-                    Some(norm(&mut w, "pre_feedforward_layernorm", h)?)
+                    Some(p.norm("pre_feedforward_layernorm", h, eps)?)
                 } else {
                     None
                 },
                 post_feedforward_layernorm: if gemma {
-                    Some(norm(&mut w, "post_feedforward_layernorm", h)?)
+                    Some(p.norm("post_feedforward_layernorm", h, eps)?)
                 } else {
                     None
                 },
-                layer_scalar: if gemma {
-                    let s = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-                    Some(match options.dtype {
-                        Some(d) => s.astype(d)?,
-                        None => s,
-                    })
-                } else {
-                    None
-                },
+                layer_scalar: if gemma { Some(p.param("layer_scalar", &[1])?) } else { None },
             });
         }
         let (v, r) = (c.vocab_size, c.markov_rank);
-        let embed = Embedding::load(&mut w, &ctx, "embed_tokens", v, h)?;
-        let fc = Linear::load(&mut w, &ctx, "fc", h, c.feature_width(), false)?;
-        let hidden_norm = RmsNorm::load(&mut w, &ctx, "hidden_norm", h, eps)?;
-        let norm = RmsNorm::load(&mut w, &ctx, "norm", h, eps)?;
-        let lm_head = Linear::load(&mut w, &ctx, "lm_head", v, h, false)?;
+        let embed = w.embedding("embed_tokens", v, h)?;
+        let fc = w.linear("fc", h, c.feature_width(), false)?;
+        let hidden_norm = w.norm("hidden_norm", h, eps)?;
+        let norm = w.norm("norm", h, eps)?;
+        let lm_head = w.linear("lm_head", v, h, false)?;
         let (markov_w1, markov_w2) = if r > 0 {
-            (
-                Some(Embedding::load(&mut w, &ctx, "markov_head.markov_w1", v, r)?),
-                Some(Linear::load(&mut w, &ctx, "markov_head.markov_w2", v, r, false)?),
-            )
+            let mut mh = w.pp("markov_head");
+            (Some(mh.embedding("markov_w1", v, r)?), Some(mh.linear("markov_w2", v, r, false)?))
         } else {
             (None, None)
         };
         let confidence = if c.confidence_head {
             let inp = if c.confidence_with_markov { h + r } else { h };
-            Some(Linear::load(&mut w, &ctx, "confidence_head.proj", 1, inp, true)?)
+            Some(w.linear("confidence_head.proj", 1, inp, true)?)
         } else {
             None
         };
-        let unused: Vec<String> = w.unused().iter().map(|s| s.to_string()).collect();
-        if !unused.is_empty() {
-            return Err(Error::Unused { path: dir.into(), names: unused });
-        }
+        // DeepSpec checkpoints hold exactly the drafter's tensors: nothing may be left over.
+        w.finish(&[]).map_err(|e| match e {
+            models::Error::Unused { path, names } => Error::Unused { path, names },
+            e => Error::Model(e),
+        })?;
         let rope = if c.partial_rotary_factor < 1.0 {
             // Proportional RoPE (transformers `_compute_proportional_rope_parameters`): the
             // first `a` pairs (j, j + hd/2) rotate with inv_freq θ^(-2j/hd); the others have

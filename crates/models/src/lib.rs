@@ -13,6 +13,7 @@ pub mod gemma;
 pub mod generate;
 pub mod gguf_import;
 pub mod layers;
+pub mod loader;
 mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -1,5 +1,5 @@
 //! Loading the tensors of a model directory: `model.safetensors`, or the shards listed in
-//! `model.safetensors.index.json`, or every `*.safetensors` file (mlx-lm's rule).
+//! `model.safetensors.index.json`, or every `model*.safetensors` file (mlx-lm's rule).
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -100,7 +100,8 @@ impl Weights {
 }
 
 /// The weight files of `dir`, following mlx-lm: the index's shard list when
-/// `model.safetensors.index.json` exists, else every `*.safetensors` file.
+/// `model.safetensors.index.json` exists, else every `model*.safetensors` file (mlx-lm
+/// `load_model`'s glob, so other files beside the weights, e.g. goldens, are not read).
 ///
 /// # Errors
 /// [`Error::Io`] when the directory has no weight file; [`Error::Json`] naming the index when
@@ -128,13 +129,19 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "safetensors")
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("model"))
+        })
         .collect();
     files.sort();
     if files.is_empty() {
         return Err(Error::io(
             dir,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors weight files in the model directory"),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no model*.safetensors weight files in the model directory",
+            ),
         ));
     }
     Ok(files)
