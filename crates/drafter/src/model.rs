@@ -13,8 +13,9 @@
 //! ```
 use std::path::{Path, PathBuf};
 
-use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::fast::Rope;
 use mlx_core::{Array, Dtype, concatenate};
+use models::blocks::{Activation, Attention, Mlp, proportional_rope};
 use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
@@ -25,23 +26,10 @@ use models::{LoadOptions, Sampler};
 use crate::config::{Architecture, DrafterConfig};
 use crate::{Error, Result};
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    /// Absent with Gemma4 `k_eq_v` (V is the raw `k_proj` output).
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    /// Gemma4's weightless RMS norm on V.
-    v_norm: bool,
-}
-
 struct Layer {
+    /// Gemma4: `k_eq_v` (no `v_proj`) and a weightless norm on V.
     attn: Attention,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma4 sandwich norms.
@@ -71,7 +59,6 @@ pub struct Drafter {
     markov_w2: Option<Linear>,
     confidence: Option<Linear>,
     rope: Rope,
-    scale: f32,
     quantized: Vec<String>,
 }
 
@@ -149,16 +136,6 @@ pub struct Proposal {
     pub confidence: Option<Vec<f32>>,
 }
 
-fn gelu_tanh(x: &Array) -> mlx_core::Result<Array> {
-    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (`gelu_pytorch_tanh`)
-    let dt = x.dtype();
-    let c = |v: f64| Array::scalar_as(v, dt);
-    let inner = x
-        .add(&x.multiply(x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
-        .multiply(&c((2.0 / std::f64::consts::PI).sqrt())?)?;
-    x.multiply(&c(0.5)?)?.multiply(&inner.tanh()?.add(&c(1.0)?)?)
-}
-
 impl Drafter {
     /// Loads the drafter in `dir` (`config.json` + `model.safetensors`, or shards). Quantized
     /// modules follow mlx-lm (`<base>.scales` present; `quantization` block in the config);
@@ -200,12 +177,16 @@ impl Drafter {
             let mut a = p.pp("self_attn");
             let attn = Attention {
                 q_proj: a.linear("q_proj", nh * hd, h, bias)?,
-                k_proj: a.linear("k_proj", nkv * hd, h, bias)?,
+                k_proj: Some(a.linear("k_proj", nkv * hd, h, bias)?),
                 v_proj: if c.k_eq_v { None } else { Some(a.linear("v_proj", nkv * hd, h, bias)?) },
                 o_proj: a.linear("o_proj", h, nh * hd, bias)?,
-                q_norm: a.norm("q_norm", hd, eps)?,
-                k_norm: a.norm("k_norm", hd, eps)?,
-                v_norm: gemma,
+                q_norm: Some(a.norm("q_norm", hd, eps)?),
+                k_norm: Some(a.norm("k_norm", hd, eps)?),
+                v_norm_eps: gemma.then_some(eps),
+                n_heads: nh as i32,
+                n_kv_heads: nkv as i32,
+                head_dim: hd as i32,
+                scale: if gemma { 1.0 } else { (hd as f32).powf(-0.5) },
             };
             let iw = c.mlp_width(i);
             let mut m = p.pp("mlp");
@@ -214,11 +195,10 @@ impl Drafter {
                 m.linear("up_proj", iw, h, false)?,
                 m.linear("down_proj", h, iw, false)?,
             );
+            let act = if gemma { Activation::GeluTanh } else { Activation::Silu };
             layers.push(Layer {
                 attn,
-                gate_proj,
-                up_proj,
-                down_proj,
+                mlp: Mlp { gate_proj, up_proj, down_proj, act },
                 input_layernorm: p.norm("input_layernorm", h, eps)?,
                 post_attention_layernorm: p.norm("post_attention_layernorm", h, eps)?,
                 pre_feedforward_layernorm: if gemma {
@@ -259,24 +239,12 @@ impl Drafter {
         })?;
         let rope = if c.partial_rotary_factor < 1.0 {
             // Proportional RoPE (transformers `_compute_proportional_rope_parameters`): the
-            // first `a` pairs (j, j + hd/2) rotate with inv_freq θ^(-2j/hd); the others have
-            // frequency 0 (infinite wavelength: left unchanged).
-            let a = ((c.partial_rotary_factor * hd as f64) / 2.0).floor() as usize;
-            let wavelengths: Vec<f32> = (0..hd / 2)
-                .map(|j| if j < a { c.rope_theta.powf(2.0 * j as f64 / hd as f64) as f32 } else { f32::INFINITY })
-                .collect();
-            Rope {
-                dims: hd as i32,
-                traditional: false,
-                base: c.rope_theta as f32,
-                scale: 1.0,
-                freqs: Some(Array::from_slice(&wavelengths, &[(hd / 2) as i32])?),
-            }
+            // first pairs rotate with inv_freq θ^(-2j/hd), the others not at all.
+            proportional_rope(hd, c.rope_theta, c.partial_rotary_factor, 1.0, false)?
         } else {
             Rope { dims: hd as i32, traditional: false, base: c.rope_theta as f32, scale: 1.0, freqs: None }
         };
         let embed_scale = gemma.then(|| half::bf16::from_f32((h as f32).sqrt()).to_f32());
-        let scale = if gemma { 1.0 } else { (hd as f32).powf(-0.5) };
         let dtype = hidden_norm.weight.dtype();
         Ok(Drafter {
             config,
@@ -293,7 +261,6 @@ impl Drafter {
             markov_w2,
             confidence,
             rope,
-            scale,
             quantized,
         })
     }
@@ -424,7 +391,7 @@ impl Drafter {
         let c = self.project_context(&f)?;
         let offset = ctx.len as i32;
         for (layer, cache) in self.layers.iter().zip(ctx.layers.iter_mut()) {
-            let (k, v) = layer.attn.kv(&c, &self.rope, offset, self.config.rms_norm_eps, self.config.num_kv_heads)?;
+            let (k, v) = layer.attn.keys_values(&c, &self.rope, offset)?;
             cache.update_and_fetch(&k, &v)?;
         }
         ctx.len += n;
@@ -598,58 +565,23 @@ impl Drafter {
     }
 }
 
-impl Attention {
-    /// K (normed, roped from `offset`) and V of `x [1, L, H]` as `[1, nkv, L, hd]`.
-    fn kv(&self, x: &Array, rope: &Rope, offset: i32, eps: f32, nkv: usize) -> Result<(Array, Array)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let hd = self.k_norm.weight.shape()[0];
-        let split = |y: Array| y.reshape(&[b, l, nkv as i32, hd]);
-        let k_raw = split(self.k_proj.forward(x)?)?;
-        let k = self.k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-        let k = rope.apply(&k, offset)?;
-        let v = match &self.v_proj {
-            Some(vp) => split(vp.forward(x)?)?,
-            None => k_raw,
-        };
-        let v = if self.v_norm { rms_norm(&v, None, eps)? } else { v };
-        Ok((k, v.transpose(&[0, 2, 1, 3])?))
-    }
-}
-
 impl Layer {
     fn forward(&self, x: &Array, cache: &mut KvCache, d: &Drafter, offset: i32) -> Result<Array> {
-        let c = &d.config;
-        let gemma = c.architecture == Architecture::Gemma4;
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let (nh, hd) = (c.num_heads as i32, c.head_dim as i32);
-        let xn = self.input_layernorm.forward(x)?;
-        let q = self.attn.q_proj.forward(&xn)?.reshape(&[b, l, nh, hd])?;
-        let q = self.attn.q_norm.forward(&q)?.transpose(&[0, 2, 1, 3])?;
-        let q = d.rope.apply(&q, offset)?;
-        let (k, v) = self.attn.kv(&xn, &d.rope, offset, c.rms_norm_eps, c.num_kv_heads)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let o = scaled_dot_product_attention(&q, &k, &v, d.scale, AttentionMask::None)?;
-        let o = self.attn.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, nh * hd])?)?;
-        if gemma {
-            let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
-            let pre = self.pre_feedforward_layernorm.as_ref().expect("gemma layer");
-            let post = self.post_feedforward_layernorm.as_ref().expect("gemma layer");
-            let m = pre.forward(&h)?;
-            let act = gelu_tanh(&self.gate_proj.forward(&m)?)?;
-            let m = self.down_proj.forward(&act.multiply(&self.up_proj.forward(&m)?)?)?;
-            let h = h.add(&post.forward(&m)?)?;
-            Ok(match &self.layer_scalar {
-                Some(s) => h.multiply(s)?,
-                None => h,
-            })
-        } else {
-            let h = x.add(&o)?;
-            let m = self.post_attention_layernorm.forward(&h)?;
-            let g = self.gate_proj.forward(&m)?;
-            let silu = g.multiply(&g.sigmoid()?)?;
-            Ok(h.add(&self.down_proj.forward(&silu.multiply(&self.up_proj.forward(&m)?)?)?)?)
+        debug_assert_eq!(cache.offset() as i32, offset);
+        let o = self.attn.forward(&self.input_layernorm.forward(x)?, cache, &d.rope, false)?;
+        match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+            (Some(pre), Some(post)) => {
+                let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
+                let h = h.add(&post.forward(&self.mlp.forward(&pre.forward(&h)?)?)?)?;
+                Ok(match &self.layer_scalar {
+                    Some(s) => h.multiply(s)?,
+                    None => h,
+                })
+            }
+            _ => {
+                let h = x.add(&o)?;
+                Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
+            }
         }
     }
 }

@@ -29,10 +29,11 @@
 //! Sliding layers attend to the last `sliding_window` positions (the query included): their
 //! caches are [`RotatingKvCache`]s, which roll back multi-token verify windows exactly; with
 //! any other cache the window mask is built from the positions.
-use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::fast::{AttentionMask, Rope};
 use mlx_core::{Array, Dtype};
 use serde_json::Value;
 
+use crate::blocks::{Activation, Attention, Mlp, gelu_tanh, proportional_rope};
 use crate::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache};
 use crate::config::{ModelConfig, config_path};
 use crate::layers::{Embedding, Linear, RmsNorm};
@@ -82,22 +83,10 @@ struct LayerPli {
 
 struct Layer {
     sliding: bool,
-    q_proj: Linear,
-    k_proj: Option<Linear>,
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: Option<RmsNorm>,
-    /// Gemma 4: scale-free RMS norm on values (with this epsilon).
-    v_norm_eps: Option<f32>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    /// Gemma 4: a scale-free RMS norm on values; no keys/values on KV-shared layers.
+    attn: Attention,
     rope: Rope,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     pre_feedforward_layernorm: RmsNorm,
@@ -117,16 +106,6 @@ struct Shared {
 
 fn cfg_err(dir: &std::path::Path, field: &str, message: impl Into<String>) -> Error {
     Error::Config { path: config_path(dir), field: field.into(), message: message.into() }
-}
-
-/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))` (`nn.gelu_approx`).
-fn gelu_approx(x: &Array) -> Result<Array> {
-    let d = x.dtype();
-    let s = |v: f64| Array::scalar_as(v, d);
-    let cube = x.power(&s(3.0)?)?;
-    let inner = x.add(&cube.multiply(&s(0.044715)?)?)?.multiply(&s((2.0 / std::f64::consts::PI).sqrt())?)?;
-    let half_x = x.multiply(&s(0.5)?)?;
-    Ok(half_x.multiply(&inner.tanh()?.add(&s(1.0)?)?)?)
 }
 
 /// A Gemma 3 norm: `rms_norm(x, 1 + w)`.
@@ -350,23 +329,7 @@ fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, d
             if rotated > dims {
                 return Err(cfg_err(dir, "rope_parameters", format!("partial_rotary_factor {partial} > 1")));
             }
-            let f = factor.unwrap_or(1.0) as f32;
-            let mut freqs: Vec<f32> = (0..rotated)
-                .step_by(2)
-                .map(|i| {
-                    let e = i as f32 / dims as f32;
-                    f * (base as f32).powf(e)
-                })
-                .collect();
-            freqs.extend(std::iter::repeat_n(f32::INFINITY, (dims - rotated) / 2));
-            let n = freqs.len() as i32;
-            Ok(Rope {
-                dims: d,
-                traditional,
-                base: base as f32,
-                scale: 1.0,
-                freqs: Some(Array::from_slice(&freqs, &[n])?),
-            })
+            proportional_rope(dims, base, partial, factor.unwrap_or(1.0), traditional)
         }
         other => Err(Error::Unsupported(format!(
             "rope type `{other}` for gemma4 {key} layers in {}",
@@ -439,21 +402,21 @@ impl Layer {
         );
         Ok(Layer {
             sliding,
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            q_norm,
-            k_norm,
-            v_norm_eps: g.v4.then_some(g.eps),
-            n_heads: g.heads as i32,
-            n_kv_heads: n_kv as i32,
-            head_dim: head_dim as i32,
-            scale: g.query_scale,
+            attn: Attention {
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
+                q_norm: Some(q_norm),
+                k_norm,
+                v_norm_eps: g.v4.then_some(g.eps),
+                n_heads: g.heads as i32,
+                n_kv_heads: n_kv as i32,
+                head_dim: head_dim as i32,
+                scale: g.query_scale,
+            },
             rope,
-            gate_proj,
-            up_proj,
-            down_proj,
+            mlp: Mlp { gate_proj, up_proj, down_proj, act: Activation::GeluTanh },
             input_layernorm: gemma_norm(p, g, "input_layernorm", h)?,
             post_attention_layernorm: gemma_norm(p, g, "post_attention_layernorm", h)?,
             pre_feedforward_layernorm: gemma_norm(p, g, "pre_feedforward_layernorm", h)?,
@@ -475,13 +438,10 @@ impl Layer {
     ) -> Result<(Array, Shared)> {
         let (a, kv) = self.attention(&self.input_layernorm.forward(x)?, cache, reuse, mask, window)?;
         let h = x.add(&self.post_attention_layernorm.forward(&a)?)?;
-        let y = self.pre_feedforward_layernorm.forward(&h)?;
-        let m = self
-            .down_proj
-            .forward(&gelu_approx(&self.gate_proj.forward(&y)?)?.multiply(&self.up_proj.forward(&y)?)?)?;
+        let m = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         let mut h = h.add(&self.post_feedforward_layernorm.forward(&m)?)?;
         if let (Some(p), Some(input)) = (&self.pli, pli) {
-            let g = gelu_approx(&p.gate.forward(&h)?)?.multiply(&input)?;
+            let g = gelu_tanh(&p.gate.forward(&h)?)?.multiply(&input)?;
             h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
         }
         if let Some(s) = &self.layer_scalar {
@@ -498,30 +458,15 @@ impl Layer {
         mask_memo: &mut Option<Option<Array>>,
         window: usize,
     ) -> Result<(Array, Shared)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let split = |y: Array, n: i32| y.reshape(&[b, l, n, self.head_dim]);
-        let q = self.q_norm.forward(&split(self.q_proj.forward(x)?, self.n_heads)?)?.transpose(&[0, 2, 1, 3])?;
-        let shared = match reuse {
-            Some(sh) => sh,
+        let l = x.shape()[1];
+        let (q, shared) = match reuse {
+            Some(sh) => (self.attn.project(x, &self.rope, sh.offset)?.0, sh),
             None => {
                 let cache = cache.ok_or_else(|| Error::Unsupported("a gemma layer without keys and a cache".into()))?;
-                let (Some(k_proj), Some(k_norm)) = (&self.k_proj, &self.k_norm) else {
-                    return Err(Error::Unsupported("a KV-shared gemma layer without a source layer".into()));
-                };
-                let k_raw = split(k_proj.forward(x)?, self.n_kv_heads)?;
-                let v_raw = match &self.v_proj {
-                    Some(v) => split(v.forward(x)?, self.n_kv_heads)?,
-                    None => k_raw.clone(),
-                };
                 let offset = cache.offset() as i32;
-                let k = k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-                let k = self.rope.apply(&k, offset)?;
-                let v = match self.v_norm_eps {
-                    Some(eps) => rms_norm(&v_raw, None, eps)?,
-                    None => v_raw,
-                };
-                let v = v.transpose(&[0, 2, 1, 3])?;
+                let (q, kv) = self.attn.project(x, &self.rope, offset)?;
+                let (k, v) =
+                    kv.ok_or_else(|| Error::Unsupported("a KV-shared gemma layer without a source layer".into()))?;
                 let (k, v) = cache.update_and_fetch(&k, &v)?;
                 let mask = match mask_memo {
                     Some(m) => m.clone(),
@@ -536,17 +481,15 @@ impl Layer {
                         m
                     }
                 };
-                Shared { keys: k, values: v, mask, offset }
+                (q, Shared { keys: k, values: v, mask, offset })
             }
         };
-        let q = self.rope.apply(&q, shared.offset)?;
         let mask = match &shared.mask {
             Some(m) => AttentionMask::Array(m),
             None if l > 1 => AttentionMask::Causal,
             None => AttentionMask::None,
         };
-        let o = scaled_dot_product_attention(&q, &shared.keys, &shared.values, self.scale, mask)?;
-        let o = self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)?;
+        let o = self.attn.attend(&q, &shared.keys, &shared.values, mask)?;
         Ok((o, shared))
     }
 }

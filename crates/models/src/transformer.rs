@@ -12,9 +12,10 @@
 //! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
 //! with the causal mask aligned to the end, GQA by head grouping).
 use mlx_core::Array;
-use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
+use mlx_core::fast::Rope;
 use serde_json::Value;
 
+use crate::blocks::{Activation, Attention, Mlp};
 use crate::cache::{LayerCache, ModelCache};
 use crate::config::{ModelConfig, config_path};
 use crate::gemma::{Gemma, Version as GemmaVersion};
@@ -67,25 +68,6 @@ impl Family {
             Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Gemma4 => &["rotary_emb.inv_freq"],
         }
     }
-}
-
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-}
-
-struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
 }
 
 struct Block {
@@ -192,11 +174,12 @@ impl Transformer {
             let qk_norms = family == Family::Qwen3;
             let attn = Attention {
                 q_proj: a.linear("q_proj", nh * hd, h, qkv_bias)?,
-                k_proj: a.linear("k_proj", nkv * hd, h, qkv_bias)?,
-                v_proj: a.linear("v_proj", nkv * hd, h, qkv_bias)?,
+                k_proj: Some(a.linear("k_proj", nkv * hd, h, qkv_bias)?),
+                v_proj: Some(a.linear("v_proj", nkv * hd, h, qkv_bias)?),
                 o_proj: a.linear("o_proj", h, nh * hd, o_bias)?,
                 q_norm: if qk_norms { Some(a.norm("q_norm", hd, eps)?) } else { None },
                 k_norm: if qk_norms { Some(a.norm("k_norm", hd, eps)?) } else { None },
+                v_norm_eps: None,
                 n_heads: nh as i32,
                 n_kv_heads: nkv as i32,
                 head_dim: hd as i32,
@@ -208,6 +191,7 @@ impl Transformer {
                 gate_proj: m.linear("gate_proj", ff, h, mlp_bias)?,
                 up_proj: m.linear("up_proj", ff, h, mlp_bias)?,
                 down_proj: m.linear("down_proj", h, ff, mlp_bias)?,
+                act: Activation::Silu,
             };
             blocks.push(Block {
                 attn,
@@ -327,43 +311,9 @@ impl Transformer {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
-        let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope)?;
+        let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope, true)?;
         let h = x.add(&r)?;
         let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
         Ok(h.add(&r)?)
-    }
-}
-
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&crate::layers::swiglu(&self.gate_proj, &self.up_proj, x)?)
-    }
-}
-
-impl Attention {
-    fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, l, n, self.head_dim])?;
-            let y = match norm {
-                Some(nrm) => nrm.forward(&y)?,
-                None => y,
-            };
-            Ok(y.transpose(&[0, 2, 1, 3])?)
-        };
-        let [q, k, v]: [Array; 3] = crate::layers::forward_many(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
-            .try_into()
-            .expect("three projections");
-        let q = heads(q, self.n_heads, &self.q_norm)?;
-        let k = heads(k, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(v, self.n_kv_heads, &None)?;
-        let offset = cache.offset() as i32;
-        let q = rope.apply(&q, offset)?;
-        let k = rope.apply(&k, offset)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
-        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
-        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
