@@ -20,7 +20,7 @@ use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
 use models::loader::Loader;
-use models::weights::{Weights, weight_files};
+use models::weights::Weights;
 use models::{LoadOptions, Sampler};
 
 use crate::config::{Architecture, DrafterConfig};
@@ -155,15 +155,9 @@ impl Drafter {
             QuantizationConfig::default()
         };
         let ctx = LoadContext { quant, dtype: options.dtype };
-        // DeepSpec writes one `model.safetensors`; shards come with an index (mlx-lm's rule
-        // of reading every `*.safetensors` would also pick up unrelated files beside it).
-        let single = dir.join("model.safetensors");
-        let files = if single.is_file() && !dir.join("model.safetensors.index.json").is_file() {
-            vec![single]
-        } else {
-            weight_files(dir)?
-        };
-        let mut weights = Weights::load_files(dir, &files)?;
+        // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
+        // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
+        let mut weights = Weights::load(dir)?;
         let quantized: Vec<String> =
             weights.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
         let mut w = Loader::new(&mut weights, &ctx);

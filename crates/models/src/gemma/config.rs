@@ -14,7 +14,7 @@ use super::Version;
 
 /// The Gemma-specific fields of `config.json` as written (read from [`ModelConfig::extra`];
 /// a `null` counts as absent, except for `final_logit_softcapping`). Fields whose default
-/// depends on the generation are `Option`s resolved by [`GemmaConfig::resolve`].
+/// depends on the generation are `Option`s, resolved per generation into [`GemmaConfig`].
 #[derive(Debug, Clone, Deserialize)]
 pub struct GemmaArgs {
     /// Positions a sliding layer attends to (the query included); default 512.
