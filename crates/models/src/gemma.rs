@@ -41,7 +41,7 @@ use crate::loader::Loader;
 use crate::{Error, Result};
 
 mod config;
-pub use config::{GemmaArgs, GemmaConfig};
+pub use config::{GemmaArgs, GemmaConfig, RopeParameters};
 
 /// Which Gemma generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +143,8 @@ impl Gemma {
             .map(|i| {
                 let rope = if g.v4 {
                     let hd = if g.sliding[i] { g.head_dim } else { g.global_head_dim };
-                    gemma4_rope(c, g.sliding[i], hd, c.rope_traditional, &dir)?
+                    let params = if g.sliding[i] { &g.rope_sliding } else { &g.rope_full };
+                    gemma4_rope(params, g.sliding[i], hd, c.rope_traditional, &dir)?
                 } else {
                     gemma3_rope(c, &g, g.sliding[i], &dir)?
                 };
@@ -300,22 +301,17 @@ fn gemma3_rope(c: &ModelConfig, g: &GemmaConfig, sliding: bool, dir: &std::path:
     Ok(rope)
 }
 
-fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, dir: &std::path::Path) -> Result<Rope> {
+/// The rope of a Gemma 4 layer type from its resolved `rope_parameters` entry.
+fn gemma4_rope(
+    params: &RopeParameters,
+    sliding: bool,
+    dims: usize,
+    traditional: bool,
+    dir: &std::path::Path,
+) -> Result<Rope> {
     let key = if sliding { "sliding_attention" } else { "full_attention" };
-    let default = if sliding {
-        serde_json::json!({"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"})
-    } else {
-        serde_json::json!({"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"})
-    };
-    let params = match c.rope_parameters.as_ref() {
-        Some(p) => p.get(key).cloned().unwrap_or(Value::Object(Default::default())),
-        None => default,
-    };
-    let base = params.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0);
-    let kind = params.get("type").or_else(|| params.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
-    let factor = params.get("factor").and_then(Value::as_f64);
-    let d = dims as i32;
-    match kind {
+    let (base, factor, d) = (params.rope_theta, params.factor, dims as i32);
+    match params.kind() {
         "default" => Ok(Rope { dims: d, traditional, base: base as f32, scale: 1.0, freqs: None }),
         "linear" => {
             let f = factor.ok_or_else(|| cfg_err(dir, "rope_parameters", "linear scaling needs `factor`"))?;
@@ -324,7 +320,7 @@ fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, d
         "proportional" => {
             // mlx-lm ProportionalRoPE: factor * base^(2i/dims) for the rotated pairs, inf
             // (no rotation) for the rest.
-            let partial = params.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+            let partial = params.partial_rotary_factor;
             let rotated = (dims as f64 * partial) as usize;
             if rotated > dims {
                 return Err(cfg_err(dir, "rope_parameters", format!("partial_rotary_factor {partial} > 1")));

@@ -97,7 +97,7 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
     Some(Fusable::Dense(dense))
 }
 
-/// `[l.forward(x) for l in linears]`, as one graph node when [`fusable`] (a layer's q/k/v
+/// `[l.forward(x) for l in linears]`, as one graph node when `fusable` (a layer's q/k/v
 /// projections on the CPU backend; biases are added after). Same shapes and values as
 /// calling [`Linear::forward`] on each.
 ///

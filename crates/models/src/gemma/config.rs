@@ -56,6 +56,69 @@ pub struct GemmaArgs {
     pub rope_local_base_freq: f64,
 }
 
+/// One entry of Gemma 4's `rope_parameters` (`sliding_attention` or `full_attention`), as
+/// written; a field that is absent (or `null`) takes the default below. With no
+/// `rope_parameters` at all, sliding layers get `default` rope with base 10000 and full
+/// layers `proportional` rope with base 1e6 and `partial_rotary_factor` 0.25 (mlx-lm).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeParameters {
+    /// The rope base; default 10000.
+    #[serde(default = "default_rope_local_base_freq")]
+    pub rope_theta: f64,
+    /// `default`, `linear` or `proportional` under the key `rope_type`.
+    pub rope_type: Option<String>,
+    /// The same under the key `type` (which wins when both are given).
+    #[serde(rename = "type")]
+    pub type_key: Option<String>,
+    /// `linear`: positions are divided by it; `proportional`: frequencies are multiplied by it
+    /// (default 1).
+    pub factor: Option<f64>,
+    /// `proportional`: the fraction of each head that rotates; default 1.
+    #[serde(default = "one")]
+    pub partial_rotary_factor: f64,
+}
+
+impl RopeParameters {
+    /// The rope type (`type`, else `rope_type`, else `default`).
+    pub fn kind(&self) -> &str {
+        self.type_key.as_deref().or(self.rope_type.as_deref()).unwrap_or("default")
+    }
+
+    /// mlx-lm's parameters for a layer type when `config.json` has no `rope_parameters`.
+    fn absent(sliding: bool) -> Self {
+        let (rope_theta, kind, partial_rotary_factor) =
+            if sliding { (10000.0, "default", 1.0) } else { (1_000_000.0, "proportional", 0.25) };
+        RopeParameters { rope_theta, rope_type: Some(kind.into()), type_key: None, factor: None, partial_rotary_factor }
+    }
+
+    /// The entry `key` of `rope_parameters` (`c.rope_parameters`; an absent entry takes the
+    /// per-field defaults).
+    fn read(c: &ModelConfig, sliding: bool, path: &Path) -> Result<Self> {
+        let key = if sliding { "sliding_attention" } else { "full_attention" };
+        let Some(p) = c.rope_parameters.as_ref() else { return Ok(Self::absent(sliding)) };
+        let fields = match p.get(key) {
+            None | Some(Value::Null) => serde_json::Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                return Err(Error::Config {
+                    path: path.into(),
+                    field: format!("rope_parameters.{key}"),
+                    message: format!("expected an object, found {other}"),
+                });
+            }
+        };
+        typed(&fields, &[], path).map_err(|e| match e {
+            Error::Config { path, field, message } => {
+                Error::Config { path, field: format!("rope_parameters.{key}.{field}"), message }
+            }
+            e => e,
+        })
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
 fn default_sliding_window() -> usize {
     512
 }
@@ -139,6 +202,12 @@ pub struct GemmaConfig {
     pub softcap: Option<f32>,
     /// Gemma 3: rope base of sliding layers.
     pub rope_local_base: f32,
+    /// Gemma 4: rope of sliding layers (`rope_parameters.sliding_attention`; Gemma 3 reads
+    /// `rope_local_base_freq`, `rope_theta` and `rope_scaling` instead and keeps mlx-lm's
+    /// Gemma 4 defaults here).
+    pub rope_sliding: RopeParameters,
+    /// Gemma 4: rope of full layers (`rope_parameters.full_attention`).
+    pub rope_full: RopeParameters,
 }
 
 impl GemmaConfig {
@@ -224,6 +293,8 @@ impl GemmaConfig {
             query_scale: if v4 { 1.0 } else { (a.query_pre_attn_scalar as f32).powf(-0.5) },
             softcap,
             rope_local_base: a.rope_local_base_freq as f32,
+            rope_sliding: if v4 { RopeParameters::read(c, true, &path)? } else { RopeParameters::absent(true) },
+            rope_full: if v4 { RopeParameters::read(c, false, &path)? } else { RopeParameters::absent(false) },
         })
     }
 }
@@ -256,6 +327,15 @@ mod tests {
         let null_cap = config(serde_json::json!({"final_logit_softcapping": null, "sliding_window": null}));
         let g4 = GemmaConfig::resolve(&null_cap, Version::V4, dir).unwrap();
         assert_eq!((g4.softcap, g4.window), (None, 512));
+        assert_eq!(
+            (g4.rope_full.kind(), g4.rope_full.partial_rotary_factor, g4.rope_full.rope_theta),
+            ("proportional", 0.25, 1e6)
+        );
+        let partial =
+            config(serde_json::json!({"rope_parameters": {"full_attention": {"type": "linear", "factor": 2.0}}}));
+        let g4 = GemmaConfig::resolve(&partial, Version::V4, dir).unwrap();
+        assert_eq!((g4.rope_full.kind(), g4.rope_full.factor, g4.rope_full.rope_theta), ("linear", Some(2.0), 10000.0));
+        assert_eq!((g4.rope_sliding.kind(), g4.rope_sliding.partial_rotary_factor), ("default", 1.0));
     }
 
     #[test]
@@ -267,6 +347,10 @@ mod tests {
             (serde_json::json!({"layer_types": "all"}), "layer_types"),
             (serde_json::json!({"layer_types": ["full_attention"]}), "layer_types"),
             (serde_json::json!({"final_logit_softcapping": "big"}), "final_logit_softcapping"),
+            (
+                serde_json::json!({"rope_parameters": {"full_attention": {"rope_theta": "big"}}}),
+                "rope_parameters.full_attention.rope_theta",
+            ),
         ] {
             let e = GemmaConfig::resolve(&config(extra.clone()), Version::V4, dir).expect_err("refused");
             match &e {
