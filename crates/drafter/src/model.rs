@@ -13,34 +13,23 @@
 //! ```
 use std::path::{Path, PathBuf};
 
-use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::fast::Rope;
 use mlx_core::{Array, Dtype, concatenate};
+use models::blocks::{Activation, Attention, Mlp, proportional_rope};
 use models::cache::{KvCache, LayerCache};
 use models::config::{ModelConfig, QuantizationConfig};
 use models::layers::{Embedding, Linear, LoadContext, RmsNorm};
-use models::weights::{Weights, weight_files};
+use models::loader::Loader;
+use models::weights::Weights;
 use models::{LoadOptions, Sampler};
 
 use crate::config::{Architecture, DrafterConfig};
 use crate::{Error, Result};
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    /// Absent with Gemma4 `k_eq_v` (V is the raw `k_proj` output).
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    /// Gemma4's weightless RMS norm on V.
-    v_norm: bool,
-}
-
 struct Layer {
+    /// Gemma4: `k_eq_v` (no `v_proj`) and a weightless norm on V.
     attn: Attention,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma4 sandwich norms.
@@ -70,7 +59,6 @@ pub struct Drafter {
     markov_w2: Option<Linear>,
     confidence: Option<Linear>,
     rope: Rope,
-    scale: f32,
     quantized: Vec<String>,
 }
 
@@ -148,16 +136,6 @@ pub struct Proposal {
     pub confidence: Option<Vec<f32>>,
 }
 
-fn gelu_tanh(x: &Array) -> mlx_core::Result<Array> {
-    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (`gelu_pytorch_tanh`)
-    let dt = x.dtype();
-    let c = |v: f64| Array::scalar_as(v, dt);
-    let inner = x
-        .add(&x.multiply(x)?.multiply(x)?.multiply(&c(0.044715)?)?)?
-        .multiply(&c((2.0 / std::f64::consts::PI).sqrt())?)?;
-    x.multiply(&c(0.5)?)?.multiply(&inner.tanh()?.add(&c(1.0)?)?)
-}
-
 impl Drafter {
     /// Loads the drafter in `dir` (`config.json` + `model.safetensors`, or shards). Quantized
     /// modules follow mlx-lm (`<base>.scales` present; `quantization` block in the config);
@@ -177,106 +155,90 @@ impl Drafter {
             QuantizationConfig::default()
         };
         let ctx = LoadContext { quant, dtype: options.dtype };
-        // DeepSpec writes `model.safetensors` (shards with an index): mlx-lm's discovery.
-        let mut w = Weights::load_files(dir, &weight_files(dir)?)?;
+        // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
+        // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
+        let mut weights = Weights::load(dir)?;
         let quantized: Vec<String> =
-            w.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
+            weights.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
+        let mut w = Loader::new(&mut weights, &ctx);
         let c = &config;
         let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let gemma = c.architecture == Architecture::Gemma4;
         let bias = c.attention_bias;
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
-            let p = format!("layers.{i}");
-            let a = format!("{p}.self_attn");
-            let norm = |w: &mut Weights, n: &str, dim: usize| RmsNorm::load(w, &ctx, &format!("{p}.{n}"), dim, eps);
+            let mut p = w.pp(format_args!("layers.{i}"));
+            let mut a = p.pp("self_attn");
             let attn = Attention {
-                q_proj: Linear::load(&mut w, &ctx, &format!("{a}.q_proj"), nh * hd, h, bias)?,
-                k_proj: Linear::load(&mut w, &ctx, &format!("{a}.k_proj"), nkv * hd, h, bias)?,
-                v_proj: if c.k_eq_v {
-                    None
-                } else {
-                    Some(Linear::load(&mut w, &ctx, &format!("{a}.v_proj"), nkv * hd, h, bias)?)
-                },
-                o_proj: Linear::load(&mut w, &ctx, &format!("{a}.o_proj"), h, nh * hd, bias)?,
-                q_norm: norm(&mut w, "self_attn.q_norm", hd)?,
-                k_norm: norm(&mut w, "self_attn.k_norm", hd)?,
-                v_norm: gemma,
+                q_proj: a.linear("q_proj", nh * hd, h, bias)?,
+                k_proj: Some(a.linear("k_proj", nkv * hd, h, bias)?),
+                v_proj: if c.k_eq_v { None } else { Some(a.linear("v_proj", nkv * hd, h, bias)?) },
+                o_proj: a.linear("o_proj", h, nh * hd, bias)?,
+                q_norm: Some(a.norm("q_norm", hd, eps)?),
+                k_norm: Some(a.norm("k_norm", hd, eps)?),
+                v_norm_eps: gemma.then_some(eps),
+                n_heads: nh as i32,
+                n_kv_heads: nkv as i32,
+                head_dim: hd as i32,
+                scale: if gemma { 1.0 } else { (hd as f32).powf(-0.5) },
             };
-            let m = format!("{p}.mlp");
             let iw = c.mlp_width(i);
+            let mut m = p.pp("mlp");
+            let (gate_proj, up_proj, down_proj) = (
+                m.linear("gate_proj", iw, h, false)?,
+                m.linear("up_proj", iw, h, false)?,
+                m.linear("down_proj", h, iw, false)?,
+            );
+            let act = if gemma { Activation::GeluTanh } else { Activation::Silu };
             layers.push(Layer {
                 attn,
-                gate_proj: Linear::load(&mut w, &ctx, &format!("{m}.gate_proj"), iw, h, false)?,
-                up_proj: Linear::load(&mut w, &ctx, &format!("{m}.up_proj"), iw, h, false)?,
-                down_proj: Linear::load(&mut w, &ctx, &format!("{m}.down_proj"), h, iw, false)?,
-                input_layernorm: norm(&mut w, "input_layernorm", h)?,
-                post_attention_layernorm: norm(&mut w, "post_attention_layernorm", h)?,
+                mlp: Mlp { gate_proj, up_proj, down_proj, act },
+                input_layernorm: p.norm("input_layernorm", h, eps)?,
+                post_attention_layernorm: p.norm("post_attention_layernorm", h, eps)?,
                 pre_feedforward_layernorm: if gemma {
-                    Some(norm(&mut w, "pre_feedforward_layernorm", h)?)
+                    Some(p.norm("pre_feedforward_layernorm", h, eps)?)
                 } else {
                     None
                 },
                 post_feedforward_layernorm: if gemma {
-                    Some(norm(&mut w, "post_feedforward_layernorm", h)?)
+                    Some(p.norm("post_feedforward_layernorm", h, eps)?)
                 } else {
                     None
                 },
-                layer_scalar: if gemma {
-                    let s = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
-                    Some(match options.dtype {
-                        Some(d) => s.astype(d)?,
-                        None => s,
-                    })
-                } else {
-                    None
-                },
+                layer_scalar: if gemma { Some(p.param("layer_scalar", &[1])?) } else { None },
             });
         }
         let (v, r) = (c.vocab_size, c.markov_rank);
-        let embed = Embedding::load(&mut w, &ctx, "embed_tokens", v, h)?;
-        let fc = Linear::load(&mut w, &ctx, "fc", h, c.feature_width(), false)?;
-        let hidden_norm = RmsNorm::load(&mut w, &ctx, "hidden_norm", h, eps)?;
-        let norm = RmsNorm::load(&mut w, &ctx, "norm", h, eps)?;
-        let lm_head = Linear::load(&mut w, &ctx, "lm_head", v, h, false)?;
+        let embed = w.embedding("embed_tokens", v, h)?;
+        let fc = w.linear("fc", h, c.feature_width(), false)?;
+        let hidden_norm = w.norm("hidden_norm", h, eps)?;
+        let norm = w.norm("norm", h, eps)?;
+        let lm_head = w.linear("lm_head", v, h, false)?;
         let (markov_w1, markov_w2) = if r > 0 {
-            (
-                Some(Embedding::load(&mut w, &ctx, "markov_head.markov_w1", v, r)?),
-                Some(Linear::load(&mut w, &ctx, "markov_head.markov_w2", v, r, false)?),
-            )
+            let mut mh = w.pp("markov_head");
+            (Some(mh.embedding("markov_w1", v, r)?), Some(mh.linear("markov_w2", v, r, false)?))
         } else {
             (None, None)
         };
         let confidence = if c.confidence_head {
             let inp = if c.confidence_with_markov { h + r } else { h };
-            Some(Linear::load(&mut w, &ctx, "confidence_head.proj", 1, inp, true)?)
+            Some(w.linear("confidence_head.proj", 1, inp, true)?)
         } else {
             None
         };
-        let unused: Vec<String> = w.unused().iter().map(|s| s.to_string()).collect();
-        if !unused.is_empty() {
-            return Err(Error::Unused { path: dir.into(), names: unused });
-        }
+        // DeepSpec checkpoints hold exactly the drafter's tensors: nothing may be left over.
+        w.finish(&[]).map_err(|e| match e {
+            models::Error::Unused { path, names } => Error::Unused { path, names },
+            e => Error::Model(e),
+        })?;
         let rope = if c.partial_rotary_factor < 1.0 {
             // Proportional RoPE (transformers `_compute_proportional_rope_parameters`): the
-            // first `a` pairs (j, j + hd/2) rotate with inv_freq θ^(-2j/hd); the others have
-            // frequency 0 (infinite wavelength: left unchanged).
-            let a = ((c.partial_rotary_factor * hd as f64) / 2.0).floor() as usize;
-            let wavelengths: Vec<f32> = (0..hd / 2)
-                .map(|j| if j < a { c.rope_theta.powf(2.0 * j as f64 / hd as f64) as f32 } else { f32::INFINITY })
-                .collect();
-            Rope {
-                dims: hd as i32,
-                traditional: false,
-                base: c.rope_theta as f32,
-                scale: 1.0,
-                freqs: Some(Array::from_slice(&wavelengths, &[(hd / 2) as i32])?),
-            }
+            // first pairs rotate with inv_freq θ^(-2j/hd), the others not at all.
+            proportional_rope(hd, c.rope_theta, c.partial_rotary_factor, 1.0, false)?
         } else {
             Rope { dims: hd as i32, traditional: false, base: c.rope_theta as f32, scale: 1.0, freqs: None }
         };
         let embed_scale = gemma.then(|| half::bf16::from_f32((h as f32).sqrt()).to_f32());
-        let scale = if gemma { 1.0 } else { (hd as f32).powf(-0.5) };
         let dtype = hidden_norm.weight.dtype();
         Ok(Drafter {
             config,
@@ -293,7 +255,6 @@ impl Drafter {
             markov_w2,
             confidence,
             rope,
-            scale,
             quantized,
         })
     }
@@ -424,7 +385,7 @@ impl Drafter {
         let c = self.project_context(&f)?;
         let offset = ctx.len as i32;
         for (layer, cache) in self.layers.iter().zip(ctx.layers.iter_mut()) {
-            let (k, v) = layer.attn.kv(&c, &self.rope, offset, self.config.rms_norm_eps, self.config.num_kv_heads)?;
+            let (k, v) = layer.attn.keys_values(&c, &self.rope, offset)?;
             cache.update_and_fetch(&k, &v)?;
         }
         ctx.len += n;
@@ -598,58 +559,23 @@ impl Drafter {
     }
 }
 
-impl Attention {
-    /// K (normed, roped from `offset`) and V of `x [1, L, H]` as `[1, nkv, L, hd]`.
-    fn kv(&self, x: &Array, rope: &Rope, offset: i32, eps: f32, nkv: usize) -> Result<(Array, Array)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let hd = self.k_norm.weight.shape()[0];
-        let split = |y: Array| y.reshape(&[b, l, nkv as i32, hd]);
-        let k_raw = split(self.k_proj.forward(x)?)?;
-        let k = self.k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-        let k = rope.apply(&k, offset)?;
-        let v = match &self.v_proj {
-            Some(vp) => split(vp.forward(x)?)?,
-            None => k_raw,
-        };
-        let v = if self.v_norm { rms_norm(&v, None, eps)? } else { v };
-        Ok((k, v.transpose(&[0, 2, 1, 3])?))
-    }
-}
-
 impl Layer {
     fn forward(&self, x: &Array, cache: &mut KvCache, d: &Drafter, offset: i32) -> Result<Array> {
-        let c = &d.config;
-        let gemma = c.architecture == Architecture::Gemma4;
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let (nh, hd) = (c.num_heads as i32, c.head_dim as i32);
-        let xn = self.input_layernorm.forward(x)?;
-        let q = self.attn.q_proj.forward(&xn)?.reshape(&[b, l, nh, hd])?;
-        let q = self.attn.q_norm.forward(&q)?.transpose(&[0, 2, 1, 3])?;
-        let q = d.rope.apply(&q, offset)?;
-        let (k, v) = self.attn.kv(&xn, &d.rope, offset, c.rms_norm_eps, c.num_kv_heads)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let o = scaled_dot_product_attention(&q, &k, &v, d.scale, AttentionMask::None)?;
-        let o = self.attn.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, nh * hd])?)?;
-        if gemma {
-            let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
-            let pre = self.pre_feedforward_layernorm.as_ref().expect("gemma layer");
-            let post = self.post_feedforward_layernorm.as_ref().expect("gemma layer");
-            let m = pre.forward(&h)?;
-            let act = gelu_tanh(&self.gate_proj.forward(&m)?)?;
-            let m = self.down_proj.forward(&act.multiply(&self.up_proj.forward(&m)?)?)?;
-            let h = h.add(&post.forward(&m)?)?;
-            Ok(match &self.layer_scalar {
-                Some(s) => h.multiply(s)?,
-                None => h,
-            })
-        } else {
-            let h = x.add(&o)?;
-            let m = self.post_attention_layernorm.forward(&h)?;
-            let g = self.gate_proj.forward(&m)?;
-            let silu = g.multiply(&g.sigmoid()?)?;
-            Ok(h.add(&self.down_proj.forward(&silu.multiply(&self.up_proj.forward(&m)?)?)?)?)
+        debug_assert_eq!(cache.offset() as i32, offset);
+        let o = self.attn.forward(&self.input_layernorm.forward(x)?, cache, &d.rope, false)?;
+        match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
+            (Some(pre), Some(post)) => {
+                let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
+                let h = h.add(&post.forward(&self.mlp.forward(&pre.forward(&h)?)?)?)?;
+                Ok(match &self.layer_scalar {
+                    Some(s) => h.multiply(s)?,
+                    None => h,
+                })
+            }
+            _ => {
+                let h = x.add(&o)?;
+                Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
+            }
         }
     }
 }

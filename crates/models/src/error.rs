@@ -44,6 +44,16 @@ pub enum Error {
         /// What was expected and found.
         message: String,
     },
+    /// Tensors in the weight files that no module of the architecture took and that are not
+    /// on the family's ignore list (usually a layout mismatch: a key prefix, another model
+    /// type); see [`crate::loader::Loader::finish`].
+    #[error("{path}: tensors not used by the model: {names:?}")]
+    Unused {
+        /// The model directory.
+        path: PathBuf,
+        /// The leftover tensor names.
+        names: Vec<String>,
+    },
     /// The tokenizer or chat template could not be loaded, built or applied.
     #[error("{path}: {message}")]
     Tokenizer {

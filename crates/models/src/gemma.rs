@@ -29,15 +29,19 @@
 //! Sliding layers attend to the last `sliding_window` positions (the query included): their
 //! caches are [`RotatingKvCache`]s, which roll back multi-token verify windows exactly; with
 //! any other cache the window mask is built from the positions.
-use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::fast::{AttentionMask, Rope};
 use mlx_core::{Array, Dtype};
 use serde_json::Value;
 
+use crate::blocks::{Activation, Attention, Mlp, gelu_tanh, proportional_rope};
 use crate::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache};
 use crate::config::{ModelConfig, config_path};
-use crate::layers::{Embedding, Linear, LoadContext, RmsNorm};
-use crate::weights::Weights;
+use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::loader::Loader;
 use crate::{Error, Result};
+
+mod config;
+pub use config::{GemmaArgs, GemmaConfig, RopeParameters};
 
 /// Which Gemma generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,22 +83,10 @@ struct LayerPli {
 
 struct Layer {
     sliding: bool,
-    q_proj: Linear,
-    k_proj: Option<Linear>,
-    v_proj: Option<Linear>,
-    o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: Option<RmsNorm>,
-    /// Gemma 4: scale-free RMS norm on values (with this epsilon).
-    v_norm_eps: Option<f32>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    /// Gemma 4: a scale-free RMS norm on values; no keys/values on KV-shared layers.
+    attn: Attention,
     rope: Rope,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    mlp: Mlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     pre_feedforward_layernorm: RmsNorm,
@@ -112,30 +104,8 @@ struct Shared {
     offset: i32,
 }
 
-fn get<'a>(c: &'a ModelConfig, key: &str) -> Option<&'a Value> {
-    c.extra.get(key).filter(|v| !v.is_null())
-}
-
-fn get_f64(c: &ModelConfig, key: &str) -> Option<f64> {
-    get(c, key).and_then(Value::as_f64)
-}
-
-fn get_usize(c: &ModelConfig, key: &str) -> Option<usize> {
-    get(c, key).and_then(Value::as_u64).map(|v| v as usize)
-}
-
 fn cfg_err(dir: &std::path::Path, field: &str, message: impl Into<String>) -> Error {
     Error::Config { path: config_path(dir), field: field.into(), message: message.into() }
-}
-
-/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))` (`nn.gelu_approx`).
-fn gelu_approx(x: &Array) -> Result<Array> {
-    let d = x.dtype();
-    let s = |v: f64| Array::scalar_as(v, d);
-    let cube = x.power(&s(3.0)?)?;
-    let inner = x.add(&cube.multiply(&s(0.044715)?)?)?.multiply(&s((2.0 / std::f64::consts::PI).sqrt())?)?;
-    let half_x = x.multiply(&s(0.5)?)?;
-    Ok(half_x.multiply(&inner.tanh()?.add(&s(1.0)?)?)?)
 }
 
 /// A Gemma 3 norm: `rms_norm(x, 1 + w)`.
@@ -162,170 +132,35 @@ fn window_mask(l: usize, t: usize, window: usize) -> Result<Option<Array>> {
 }
 
 impl Gemma {
-    /// Builds the decoder (`model_type` `gemma3_text`/`gemma3` or `gemma4_text`).
-    pub(crate) fn build(c: &ModelConfig, version: Version, weights: &mut Weights, ctx: &LoadContext) -> Result<Self> {
-        let dir = weights.dir().to_path_buf();
-        let (h, n, eps) = (c.hidden_size, c.num_hidden_layers, c.rms_norm_eps);
-        let nh = c.num_attention_heads;
-        let hd = c.head_dim.unwrap_or(256);
-        let nkv = c.num_key_value_heads.unwrap_or(1);
-        let window = get_usize(c, "sliding_window").unwrap_or(512);
-        if window == 0 {
-            return Err(cfg_err(&dir, "sliding_window", "must be at least 1"));
-        }
-        let pattern = get_usize(c, "sliding_window_pattern").unwrap_or(if version == Version::V3 { 6 } else { 5 });
-        if pattern == 0 {
-            return Err(cfg_err(&dir, "sliding_window_pattern", "must be at least 1"));
-        }
-        let sliding: Vec<bool> = match version {
-            Version::V3 => (0..n).map(|i| (i + 1) % pattern != 0).collect(),
-            Version::V4 => match get(c, "layer_types") {
-                Some(Value::Array(types)) => {
-                    if types.len() < n {
-                        return Err(cfg_err(&dir, "layer_types", format!("{} entries for {n} layers", types.len())));
-                    }
-                    types[..n]
-                        .iter()
-                        .map(|t| match t.as_str() {
-                            Some("sliding_attention") => Ok(true),
-                            Some("full_attention") => Ok(false),
-                            _ => Err(cfg_err(&dir, "layer_types", format!("unknown layer type {t}"))),
-                        })
-                        .collect::<Result<_>>()?
-                }
-                Some(_) => return Err(cfg_err(&dir, "layer_types", "expected a list")),
-                None => (0..n).map(|i| (i % pattern) != pattern - 1).collect(),
-            },
-        };
-        let v4 = version == Version::V4;
-        if v4 && get(c, "enable_moe_block").and_then(Value::as_bool).unwrap_or(false) {
-            return Err(Error::Unsupported(format!(
-                "{}: gemma4 with `enable_moe_block` (mixture of experts)",
-                config_path(&dir).display()
-            )));
-        }
-        let shared = if v4 { get_usize(c, "num_kv_shared_layers").unwrap_or(20) } else { 0 };
-        let cached_layers = if shared > 0 && shared < n { n - shared } else { n };
-        let mut kv_source: Vec<usize> = (0..n).collect();
-        for j in cached_layers..n {
-            kv_source[j] = (0..cached_layers).rev().find(|&i| sliding[i] == sliding[j]).ok_or_else(|| {
-                cfg_err(&dir, "num_kv_shared_layers", format!("layer {j} has no earlier layer of its type to share"))
-            })?;
-        }
-        let k_eq_v = v4 && get(c, "attention_k_eq_v").and_then(Value::as_bool).unwrap_or(false);
-        let global_hd = if v4 { get_usize(c, "global_head_dim").filter(|&d| d > 0).unwrap_or(512) } else { hd };
-        let global_kv = get_usize(c, "num_global_key_value_heads");
-        let double_wide = v4 && get(c, "use_double_wide_mlp").and_then(Value::as_bool).unwrap_or(true);
-        let ple = if v4 { get_usize(c, "hidden_size_per_layer_input").unwrap_or(256) } else { 0 };
-        let traditional = c.rope_traditional;
-
-        let norm = |w: &mut Weights, name: &str, dim: usize| -> Result<RmsNorm> {
-            let n = RmsNorm::load(w, ctx, name, dim, eps)?;
-            if v4 { Ok(n) } else { one_plus(n) }
-        };
-        let mut layers = Vec::with_capacity(n);
-        for (i, &is_sliding) in sliding.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let head_dim = if is_sliding { hd } else { global_hd };
-            let use_k_eq_v = k_eq_v && !is_sliding;
-            let n_kv = if use_k_eq_v { global_kv.unwrap_or(nkv) } else { nkv };
-            let has_kv = i < cached_layers;
-            let rope = if v4 {
-                gemma4_rope(c, is_sliding, head_dim, traditional, &dir)?
-            } else {
-                gemma3_rope(c, is_sliding, head_dim, &dir)?
-            };
-            let scale = if v4 { 1.0 } else { (get_f64(c, "query_pre_attn_scalar").unwrap_or(256.0) as f32).powf(-0.5) };
-            let lin = |w: &mut Weights, name: &str, out: usize, inp: usize| Linear::load(w, ctx, name, out, inp, false);
-            let (k_proj, v_proj, k_norm) = if has_kv {
-                let k = lin(weights, &format!("{a}.k_proj"), n_kv * head_dim, h)?;
-                let v = if use_k_eq_v { None } else { Some(lin(weights, &format!("{a}.v_proj"), n_kv * head_dim, h)?) };
-                (Some(k), v, Some(norm(weights, &format!("{a}.k_norm"), head_dim)?))
-            } else {
-                for s in ["k_proj", "v_proj", "k_norm"] {
-                    for t in ["weight", "scales", "biases"] {
-                        weights.take_opt(&format!("{a}.{s}.{t}"));
-                    }
-                }
-                (None, None, None)
-            };
-            let ff = c.intermediate_size * if double_wide && i >= cached_layers && cached_layers < n { 2 } else { 1 };
-            let m = format!("{p}.mlp");
-            let layer_scalar =
-                if v4 { Some(ctx_cast(ctx, weights.take_shaped(&format!("{p}.layer_scalar"), &[1])?)?) } else { None };
-            let pli = if ple > 0 {
-                Some(LayerPli {
-                    gate: lin(weights, &format!("{p}.per_layer_input_gate"), ple, h)?,
-                    projection: lin(weights, &format!("{p}.per_layer_projection"), h, ple)?,
-                    norm: norm(weights, &format!("{p}.post_per_layer_input_norm"), h)?,
-                })
-            } else {
-                None
-            };
-            layers.push(Layer {
-                sliding: is_sliding,
-                q_proj: lin(weights, &format!("{a}.q_proj"), nh * head_dim, h)?,
-                k_proj,
-                v_proj,
-                o_proj: lin(weights, &format!("{a}.o_proj"), h, nh * head_dim)?,
-                q_norm: norm(weights, &format!("{a}.q_norm"), head_dim)?,
-                k_norm,
-                v_norm_eps: v4.then_some(eps),
-                n_heads: nh as i32,
-                n_kv_heads: n_kv as i32,
-                head_dim: head_dim as i32,
-                scale,
-                rope,
-                gate_proj: lin(weights, &format!("{m}.gate_proj"), ff, h)?,
-                up_proj: lin(weights, &format!("{m}.up_proj"), ff, h)?,
-                down_proj: lin(weights, &format!("{m}.down_proj"), h, ff)?,
-                input_layernorm: norm(weights, &format!("{p}.input_layernorm"), h)?,
-                post_attention_layernorm: norm(weights, &format!("{p}.post_attention_layernorm"), h)?,
-                pre_feedforward_layernorm: norm(weights, &format!("{p}.pre_feedforward_layernorm"), h)?,
-                post_feedforward_layernorm: norm(weights, &format!("{p}.post_feedforward_layernorm"), h)?,
-                layer_scalar,
-                pli,
-            });
-        }
-        let embed = Embedding::load(weights, ctx, "model.embed_tokens", c.vocab_size, h)?;
-        let per_layer = if ple > 0 {
-            let vpl = get_usize(c, "vocab_size_per_layer_input").unwrap_or(c.vocab_size);
-            Some(PerLayerInputs {
-                embed: Embedding::load(weights, ctx, "model.embed_tokens_per_layer", vpl, n * ple)?,
-                embed_scale: (ple as f64).sqrt(),
-                projection: Linear::load(weights, ctx, "model.per_layer_model_projection", n * ple, h, false)?,
-                projection_scale: (h as f64).powf(-0.5),
-                projection_norm: RmsNorm::load(weights, ctx, "model.per_layer_projection_norm", ple, eps)?,
-                width: ple,
+    /// Builds the decoder (`model_type` `gemma3_text`/`gemma3` or `gemma4_text`), taking
+    /// its tensors from `w`.
+    pub(crate) fn build(c: &ModelConfig, version: Version, w: &mut Loader) -> Result<Self> {
+        let dir = w.dir().to_path_buf();
+        let g = GemmaConfig::resolve(c, version, &dir)?;
+        let h = g.hidden;
+        let mut model = w.pp("model");
+        let layers = (0..g.layers)
+            .map(|i| {
+                let rope = if g.v4 {
+                    let hd = if g.sliding[i] { g.head_dim } else { g.global_head_dim };
+                    let params = if g.sliding[i] { &g.rope_sliding } else { &g.rope_full };
+                    gemma4_rope(params, g.sliding[i], hd, c.rope_traditional, &dir)?
+                } else {
+                    gemma3_rope(c, &g, g.sliding[i], &dir)?
+                };
+                Layer::load(&mut model.pp(format_args!("layers.{i}")), &g, i, rope)
             })
-        } else {
-            None
-        };
-        let final_norm = norm(weights, "model.norm", h)?;
+            .collect::<Result<Vec<_>>>()?;
+        let embed = model.embedding("embed_tokens", c.vocab_size, h)?;
+        let per_layer = if g.per_layer_width > 0 { Some(PerLayerInputs::load(&mut model, &g)?) } else { None };
+        let final_norm = gemma_norm(&mut model, &g, "norm", h)?;
         // mlx-lm: gemma3 ties when the checkpoint has no lm_head; gemma4 follows the config.
-        let tied = match version {
-            Version::V3 => !weights.contains("lm_head.weight"),
-            Version::V4 => c.tie_word_embeddings.unwrap_or(true),
-        };
+        let tied = if g.v4 { c.tie_word_embeddings.unwrap_or(true) } else { !w.contains("lm_head.weight") };
         let lm_head = if tied {
-            for s in ["weight", "scales", "biases"] {
-                weights.take_opt(&format!("lm_head.{s}"));
-            }
+            w.discard("lm_head");
             None
         } else {
-            Some(Linear::load(weights, ctx, "lm_head", c.vocab_size, h, false)?)
-        };
-        let softcap = if v4 {
-            match c.extra.get("final_logit_softcapping") {
-                None => Some(30.0),
-                Some(Value::Null) => None,
-                Some(v) => {
-                    Some(v.as_f64().ok_or_else(|| cfg_err(&dir, "final_logit_softcapping", "expected a number"))? as f32)
-                }
-            }
-        } else {
-            get_f64(c, "final_logit_softcapping").map(|v| v as f32)
+            Some(w.linear("lm_head", c.vocab_size, h, false)?)
         };
         let embed_scale = match version {
             // mx.array(hidden_size**0.5, mx.bfloat16)
@@ -338,10 +173,10 @@ impl Gemma {
             layers,
             norm: final_norm,
             lm_head,
-            softcap,
-            window,
-            kv_source,
-            cached_layers,
+            softcap: g.softcap,
+            window: g.window,
+            kv_source: g.kv_source,
+            cached_layers: g.cached_layers,
             per_layer,
         })
     }
@@ -437,18 +272,10 @@ impl Gemma {
     }
 }
 
-fn ctx_cast(ctx: &LoadContext, a: Array) -> Result<Array> {
-    Ok(match ctx.dtype {
-        Some(d) if a.dtype().is_float() && a.dtype() != d => a.astype(d)?,
-        _ => a,
-    })
-}
-
-fn gemma3_rope(c: &ModelConfig, sliding: bool, dims: usize, dir: &std::path::Path) -> Result<Rope> {
-    let dims = dims as i32;
+fn gemma3_rope(c: &ModelConfig, g: &GemmaConfig, sliding: bool, dir: &std::path::Path) -> Result<Rope> {
+    let dims = g.head_dim as i32;
     if sliding {
-        let base = get_f64(c, "rope_local_base_freq").unwrap_or(10000.0) as f32;
-        return Ok(Rope { dims, traditional: false, base, scale: 1.0, freqs: None });
+        return Ok(Rope { dims, traditional: false, base: g.rope_local_base, scale: 1.0, freqs: None });
     }
     let base = c.rope_theta.unwrap_or(1_000_000.0);
     let mut rope = Rope { dims, traditional: false, base, scale: 1.0, freqs: None };
@@ -474,22 +301,17 @@ fn gemma3_rope(c: &ModelConfig, sliding: bool, dims: usize, dir: &std::path::Pat
     Ok(rope)
 }
 
-fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, dir: &std::path::Path) -> Result<Rope> {
+/// The rope of a Gemma 4 layer type from its resolved `rope_parameters` entry.
+fn gemma4_rope(
+    params: &RopeParameters,
+    sliding: bool,
+    dims: usize,
+    traditional: bool,
+    dir: &std::path::Path,
+) -> Result<Rope> {
     let key = if sliding { "sliding_attention" } else { "full_attention" };
-    let default = if sliding {
-        serde_json::json!({"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"})
-    } else {
-        serde_json::json!({"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"})
-    };
-    let params = match c.rope_parameters.as_ref() {
-        Some(p) => p.get(key).cloned().unwrap_or(Value::Object(Default::default())),
-        None => default,
-    };
-    let base = params.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0);
-    let kind = params.get("type").or_else(|| params.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
-    let factor = params.get("factor").and_then(Value::as_f64);
-    let d = dims as i32;
-    match kind {
+    let (base, factor, d) = (params.rope_theta, params.factor, dims as i32);
+    match params.kind() {
         "default" => Ok(Rope { dims: d, traditional, base: base as f32, scale: 1.0, freqs: None }),
         "linear" => {
             let f = factor.ok_or_else(|| cfg_err(dir, "rope_parameters", "linear scaling needs `factor`"))?;
@@ -498,28 +320,12 @@ fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, d
         "proportional" => {
             // mlx-lm ProportionalRoPE: factor * base^(2i/dims) for the rotated pairs, inf
             // (no rotation) for the rest.
-            let partial = params.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+            let partial = params.partial_rotary_factor;
             let rotated = (dims as f64 * partial) as usize;
             if rotated > dims {
                 return Err(cfg_err(dir, "rope_parameters", format!("partial_rotary_factor {partial} > 1")));
             }
-            let f = factor.unwrap_or(1.0) as f32;
-            let mut freqs: Vec<f32> = (0..rotated)
-                .step_by(2)
-                .map(|i| {
-                    let e = i as f32 / dims as f32;
-                    f * (base as f32).powf(e)
-                })
-                .collect();
-            freqs.extend(std::iter::repeat_n(f32::INFINITY, (dims - rotated) / 2));
-            let n = freqs.len() as i32;
-            Ok(Rope {
-                dims: d,
-                traditional,
-                base: base as f32,
-                scale: 1.0,
-                freqs: Some(Array::from_slice(&freqs, &[n])?),
-            })
+            proportional_rope(dims, base, partial, factor.unwrap_or(1.0), traditional)
         }
         other => Err(Error::Unsupported(format!(
             "rope type `{other}` for gemma4 {key} layers in {}",
@@ -528,7 +334,94 @@ fn gemma4_rope(c: &ModelConfig, sliding: bool, dims: usize, traditional: bool, d
     }
 }
 
+/// A Gemma norm `name` of width `dim`: `1 + w` for Gemma 3, `w` for Gemma 4.
+fn gemma_norm(w: &mut Loader, g: &GemmaConfig, name: &str, dim: usize) -> Result<RmsNorm> {
+    let n = w.norm(name, dim, g.eps)?;
+    if g.v4 { Ok(n) } else { one_plus(n) }
+}
+
+impl PerLayerInputs {
+    /// `embed_tokens_per_layer`, `per_layer_model_projection` and its norm under `w`
+    /// (`model`).
+    fn load(w: &mut Loader, g: &GemmaConfig) -> Result<Self> {
+        let (h, n, ple) = (g.hidden, g.layers, g.per_layer_width);
+        Ok(PerLayerInputs {
+            embed: w.embedding("embed_tokens_per_layer", g.per_layer_vocab, n * ple)?,
+            embed_scale: (ple as f64).sqrt(),
+            projection: w.linear("per_layer_model_projection", n * ple, h, false)?,
+            projection_scale: (h as f64).powf(-0.5),
+            projection_norm: w.norm("per_layer_projection_norm", ple, g.eps)?,
+            width: ple,
+        })
+    }
+}
+
 impl Layer {
+    /// Decoder layer `i` under `p` (`model.layers.<i>`).
+    fn load(p: &mut Loader, g: &GemmaConfig, i: usize, rope: Rope) -> Result<Self> {
+        let (h, sliding) = (g.hidden, g.sliding[i]);
+        let head_dim = if sliding { g.head_dim } else { g.global_head_dim };
+        let use_k_eq_v = g.k_eq_v && !sliding;
+        let n_kv = if use_k_eq_v { g.global_kv_heads } else { g.kv_heads };
+        let mut a = p.pp("self_attn");
+        let (k_proj, v_proj, k_norm) = if i < g.cached_layers {
+            let k = a.linear("k_proj", n_kv * head_dim, h, false)?;
+            let v = if use_k_eq_v { None } else { Some(a.linear("v_proj", n_kv * head_dim, h, false)?) };
+            (Some(k), v, Some(gemma_norm(&mut a, g, "k_norm", head_dim)?))
+        } else {
+            // KV-shared layers use an earlier layer's keys and values.
+            for s in ["k_proj", "v_proj", "k_norm"] {
+                a.discard(s);
+            }
+            (None, None, None)
+        };
+        let q_proj = a.linear("q_proj", g.heads * head_dim, h, false)?;
+        let o_proj = a.linear("o_proj", h, g.heads * head_dim, false)?;
+        let q_norm = gemma_norm(&mut a, g, "q_norm", head_dim)?;
+        let layer_scalar = if g.v4 { Some(p.param("layer_scalar", &[1])?) } else { None };
+        let ple = g.per_layer_width;
+        let pli = if ple > 0 {
+            Some(LayerPli {
+                gate: p.linear("per_layer_input_gate", ple, h, false)?,
+                projection: p.linear("per_layer_projection", h, ple, false)?,
+                norm: gemma_norm(p, g, "post_per_layer_input_norm", h)?,
+            })
+        } else {
+            None
+        };
+        let ff = g.mlp_width[i];
+        let mut m = p.pp("mlp");
+        let (gate_proj, up_proj, down_proj) = (
+            m.linear("gate_proj", ff, h, false)?,
+            m.linear("up_proj", ff, h, false)?,
+            m.linear("down_proj", h, ff, false)?,
+        );
+        Ok(Layer {
+            sliding,
+            attn: Attention {
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
+                q_norm: Some(q_norm),
+                k_norm,
+                v_norm_eps: g.v4.then_some(g.eps),
+                n_heads: g.heads as i32,
+                n_kv_heads: n_kv as i32,
+                head_dim: head_dim as i32,
+                scale: g.query_scale,
+            },
+            rope,
+            mlp: Mlp { gate_proj, up_proj, down_proj, act: Activation::GeluTanh },
+            input_layernorm: gemma_norm(p, g, "input_layernorm", h)?,
+            post_attention_layernorm: gemma_norm(p, g, "post_attention_layernorm", h)?,
+            pre_feedforward_layernorm: gemma_norm(p, g, "pre_feedforward_layernorm", h)?,
+            post_feedforward_layernorm: gemma_norm(p, g, "post_feedforward_layernorm", h)?,
+            layer_scalar,
+            pli,
+        })
+    }
+
     /// One decoder layer; `mask` memoizes the mask of this layer type for the forward.
     fn forward(
         &self,
@@ -541,13 +434,10 @@ impl Layer {
     ) -> Result<(Array, Shared)> {
         let (a, kv) = self.attention(&self.input_layernorm.forward(x)?, cache, reuse, mask, window)?;
         let h = x.add(&self.post_attention_layernorm.forward(&a)?)?;
-        let y = self.pre_feedforward_layernorm.forward(&h)?;
-        let m = self
-            .down_proj
-            .forward(&gelu_approx(&self.gate_proj.forward(&y)?)?.multiply(&self.up_proj.forward(&y)?)?)?;
+        let m = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         let mut h = h.add(&self.post_feedforward_layernorm.forward(&m)?)?;
         if let (Some(p), Some(input)) = (&self.pli, pli) {
-            let g = gelu_approx(&p.gate.forward(&h)?)?.multiply(&input)?;
+            let g = gelu_tanh(&p.gate.forward(&h)?)?.multiply(&input)?;
             h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
         }
         if let Some(s) = &self.layer_scalar {
@@ -564,30 +454,15 @@ impl Layer {
         mask_memo: &mut Option<Option<Array>>,
         window: usize,
     ) -> Result<(Array, Shared)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let split = |y: Array, n: i32| y.reshape(&[b, l, n, self.head_dim]);
-        let q = self.q_norm.forward(&split(self.q_proj.forward(x)?, self.n_heads)?)?.transpose(&[0, 2, 1, 3])?;
-        let shared = match reuse {
-            Some(sh) => sh,
+        let l = x.shape()[1];
+        let (q, shared) = match reuse {
+            Some(sh) => (self.attn.project(x, &self.rope, sh.offset)?.0, sh),
             None => {
                 let cache = cache.ok_or_else(|| Error::Unsupported("a gemma layer without keys and a cache".into()))?;
-                let (Some(k_proj), Some(k_norm)) = (&self.k_proj, &self.k_norm) else {
-                    return Err(Error::Unsupported("a KV-shared gemma layer without a source layer".into()));
-                };
-                let k_raw = split(k_proj.forward(x)?, self.n_kv_heads)?;
-                let v_raw = match &self.v_proj {
-                    Some(v) => split(v.forward(x)?, self.n_kv_heads)?,
-                    None => k_raw.clone(),
-                };
                 let offset = cache.offset() as i32;
-                let k = k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-                let k = self.rope.apply(&k, offset)?;
-                let v = match self.v_norm_eps {
-                    Some(eps) => rms_norm(&v_raw, None, eps)?,
-                    None => v_raw,
-                };
-                let v = v.transpose(&[0, 2, 1, 3])?;
+                let (q, kv) = self.attn.project(x, &self.rope, offset)?;
+                let (k, v) =
+                    kv.ok_or_else(|| Error::Unsupported("a KV-shared gemma layer without a source layer".into()))?;
                 let (k, v) = cache.update_and_fetch(&k, &v)?;
                 let mask = match mask_memo {
                     Some(m) => m.clone(),
@@ -602,17 +477,15 @@ impl Layer {
                         m
                     }
                 };
-                Shared { keys: k, values: v, mask, offset }
+                (q, Shared { keys: k, values: v, mask, offset })
             }
         };
-        let q = self.rope.apply(&q, shared.offset)?;
         let mask = match &shared.mask {
             Some(m) => AttentionMask::Array(m),
             None if l > 1 => AttentionMask::Causal,
             None => AttentionMask::None,
         };
-        let o = scaled_dot_product_attention(&q, &shared.keys, &shared.values, self.scale, mask)?;
-        let o = self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)?;
+        let o = self.attn.attend(&q, &shared.keys, &shared.values, mask)?;
         Ok((o, shared))
     }
 }

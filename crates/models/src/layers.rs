@@ -1,14 +1,14 @@
 //! The building blocks whose weights may be dense or affine-quantized: [`Linear`],
 //! [`Embedding`], and [`RmsNorm`]. They mirror mlx's `nn.Linear` / `nn.QuantizedLinear`,
 //! `nn.Embedding` / `nn.QuantizedEmbedding` and `nn.RMSNorm`.
-use mlx_core::quant::{self, QuantSpec, QuantizedMatrix};
+use mlx_core::quant::{self, QuantizedMatrix};
 use mlx_core::{Array, Dtype, cpu_quant, fast};
 
+use crate::Result;
 use crate::config::QuantizationConfig;
-use crate::weights::Weights;
-use crate::{Error, Result};
 
-/// How weights are turned into module parameters at load time.
+/// How weights are turned into module parameters at load time; carried by
+/// [`crate::loader::Loader`], which applies it to every tensor it hands out.
 #[derive(Debug, Clone, Default)]
 pub struct LoadContext {
     /// mlx-lm's quantization block of `config.json`.
@@ -17,50 +17,6 @@ pub struct LoadContext {
     /// (`None` keeps the stored dtypes, as mlx-lm does). On the MLX CPU backend f32 is the
     /// fast choice: f16/bf16 have no hardware conversion in the `mlx-cpu` wheel.
     pub dtype: Option<Dtype>,
-}
-
-impl LoadContext {
-    fn cast(&self, a: Array) -> Result<Array> {
-        Ok(match self.dtype {
-            Some(d) if a.dtype().is_float() && a.dtype() != d => a.astype(d)?,
-            _ => a,
-        })
-    }
-
-    /// The quantized matrix `base` if `<base>.scales` exists (mlx-lm's rule), with bits and
-    /// group size inferred from the shapes for a `[out, in]` matrix and checked against the
-    /// config entry.
-    fn quantized(&self, w: &mut Weights, base: &str, out: usize, inp: usize) -> Result<Option<QuantizedMatrix>> {
-        let scales_name = format!("{base}.scales");
-        if !w.contains(&scales_name) {
-            return Ok(None);
-        }
-        let weight_name = format!("{base}.weight");
-        let weight = w.take(&weight_name)?;
-        let scales = self.cast(w.take(&scales_name)?)?;
-        let biases = self.cast(w.take(&format!("{base}.biases"))?)?;
-        let bad = |message: String| Error::Weight { path: w.dir().into(), name: weight_name.clone(), message };
-        let (ws, ss) = (weight.shape(), scales.shape());
-        if ws.len() != 2 || ss.len() != 2 || ws[0] as usize != out || ss[0] as usize != out || ss[1] == 0 {
-            return Err(bad(format!("quantized [{out}, {inp}] matrix has packed shape {ws:?} and scales {ss:?}")));
-        }
-        let bits = (ws[1] as usize * 32) / inp;
-        let group_size = inp / ss[1] as usize;
-        let inferred = QuantSpec::new(group_size as i32, bits as i32)
-            .map_err(|e| bad(format!("packed shape {ws:?} / scales {ss:?} imply {e}")))?;
-        if let Some(cfg) = self.quant.spec_for(base)
-            && cfg != inferred
-        {
-            return Err(bad(format!(
-                "config says bits {} group {}, the tensor shapes say bits {bits} group {group_size}",
-                cfg.bits, cfg.group_size
-            )));
-        }
-        if biases.shape() != ss {
-            return Err(bad(format!("biases {:?} differ from scales {ss:?}", biases.shape())));
-        }
-        Ok(Some(QuantizedMatrix { weight, scales, biases, spec: inferred }))
-    }
 }
 
 /// `y = x @ W^T + b` with `W [out, in]` dense or quantized.
@@ -90,24 +46,10 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// Loads module `base` (`<base>.weight`, and `<base>.scales`/`.biases` when quantized,
-    /// `<base>.bias` when `bias`).
-    ///
-    /// # Errors
-    /// [`Error::Weight`] for a missing tensor or a shape other than `[out, in]`.
-    pub fn load(w: &mut Weights, ctx: &LoadContext, base: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
-        let b = if bias { Some(ctx.cast(w.take_shaped(&format!("{base}.bias"), &[out as i32])?)?) } else { None };
-        if let Some(q) = ctx.quantized(w, base, out, inp)? {
-            return Ok(Linear::Quantized { weight: q, bias: b });
-        }
-        let weight = ctx.cast(w.take_shaped(&format!("{base}.weight"), &[out as i32, inp as i32])?)?;
-        Ok(Linear::Dense { weight, bias: b })
-    }
-
     /// `x [..., in] -> [..., out]`.
     ///
     /// # Errors
-    /// [`Error::Mlx`] when `x`'s last axis is not `in`.
+    /// [`crate::Error::Mlx`] when `x`'s last axis is not `in`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, bias) = match self {
             Linear::Dense { weight, bias: Some(b) } if !cpu_quant::dense_applies(weight, x) => {
@@ -155,12 +97,12 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
     Some(Fusable::Dense(dense))
 }
 
-/// `[l.forward(x) for l in linears]`, as one graph node when [`fusable`] (a layer's q/k/v
+/// `[l.forward(x) for l in linears]`, as one graph node when `fusable` (a layer's q/k/v
 /// projections on the CPU backend; biases are added after). Same shapes and values as
 /// calling [`Linear::forward`] on each.
 ///
 /// # Errors
-/// [`Error::Mlx`] when `x`'s last axis is not the linears' `in`.
+/// [`crate::Error::Mlx`] when `x`'s last axis is not the linears' `in`.
 pub fn forward_many(linears: &[&Linear], x: &Array) -> Result<Vec<Array>> {
     let ys = match fusable(linears, x) {
         Some(Fusable::Quantized(mats)) => cpu_quant::quantized_matmuls_t(x, &mats)?,
@@ -181,7 +123,7 @@ pub fn forward_many(linears: &[&Linear], x: &Array) -> Result<Vec<Array>> {
 /// CPU kernel takes (quantized, or dense for short inputs), else the five separate ops.
 ///
 /// # Errors
-/// [`Error::Mlx`] when `x`'s last axis is not `H`.
+/// [`crate::Error::Mlx`] when `x`'s last axis is not `H`.
 pub fn swiglu(gate: &Linear, up: &Linear, x: &Array) -> Result<Array> {
     let no_bias = |l: &Linear| matches!(l, Linear::Quantized { bias: None, .. } | Linear::Dense { bias: None, .. });
     if no_bias(gate) && no_bias(up) {
@@ -205,21 +147,10 @@ pub enum Embedding {
 }
 
 impl Embedding {
-    /// Loads module `base` (e.g. `model.embed_tokens`) of shape `[vocab, hidden]`.
-    ///
-    /// # Errors
-    /// [`Error::Weight`] for a missing tensor or wrong shape.
-    pub fn load(w: &mut Weights, ctx: &LoadContext, base: &str, vocab: usize, hidden: usize) -> Result<Self> {
-        if let Some(q) = ctx.quantized(w, base, vocab, hidden)? {
-            return Ok(Embedding::Quantized(q));
-        }
-        Ok(Embedding::Dense(ctx.cast(w.take_shaped(&format!("{base}.weight"), &[vocab as i32, hidden as i32])?)?))
-    }
-
     /// `ids [...]` (integer) -> `[..., H]`.
     ///
     /// # Errors
-    /// [`Error::Mlx`] for non-integer ids.
+    /// [`crate::Error::Mlx`] for non-integer ids.
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense(w) => w.take(ids, 0)?,
@@ -233,7 +164,7 @@ impl Embedding {
     /// The tied LM head: `x [..., H] -> logits [..., V]` (`x @ E^T`).
     ///
     /// # Errors
-    /// [`Error::Mlx`] when `x`'s last axis is not `H`.
+    /// [`crate::Error::Mlx`] when `x`'s last axis is not `H`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense(w) => cpu_quant::dense_matmul_t_auto(x, w)?,
@@ -252,18 +183,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `<base>.weight` of shape `[dim]`.
-    ///
-    /// # Errors
-    /// [`Error::Weight`] for a missing tensor or wrong shape.
-    pub fn load(w: &mut Weights, ctx: &LoadContext, base: &str, dim: usize, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: ctx.cast(w.take_shaped(&format!("{base}.weight"), &[dim as i32])?)?, eps })
-    }
-
     /// `x [..., H] -> [..., H]`.
     ///
     /// # Errors
-    /// [`Error::Mlx`] when the last axis is not `H`.
+    /// [`crate::Error::Mlx`] when the last axis is not `H`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }

@@ -3,6 +3,7 @@
 //! rollback (sliding-window caches included), the llama / qwen2 / qwen3 / gemma3 / gemma4 forward passes with hidden-state taps, the
 //! tokenizer and chat template, and the import of GGUF files into that layout.
 
+pub mod blocks;
 pub mod cache;
 pub mod config;
 pub mod default_model;
@@ -12,6 +13,7 @@ pub mod gemma;
 pub mod generate;
 pub mod gguf_import;
 pub mod layers;
+pub mod loader;
 mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -6,6 +6,7 @@ use mlx_core::Dtype;
 use crate::Result;
 use crate::config::{ModelConfig, QuantizationConfig, config_path};
 use crate::layers::LoadContext;
+use crate::loader::Loader;
 use crate::transformer::Transformer;
 use crate::weights::Weights;
 
@@ -23,16 +24,16 @@ pub struct LoadOptions {
 /// # Errors
 /// [`crate::Error::Io`]/[`crate::Error::Json`] for an unreadable config,
 /// [`crate::Error::Unsupported`] for an unknown `model_type`, [`crate::Error::Weight`] for a
-/// missing or misshapen tensor (leftover tensors are logged at debug level).
+/// missing or misshapen tensor, [`crate::Error::Unused`] naming the tensors the model does not
+/// use and its family does not list in [`crate::Family::ignored_tensors`] (mlx-lm's strict
+/// load).
 pub fn load_model(dir: &Path, options: &LoadOptions) -> Result<Transformer> {
     let config = ModelConfig::from_dir(dir)?;
     let quant = QuantizationConfig::from_config(&config, &config_path(dir))?;
     let mut weights = Weights::load(dir)?;
     let ctx = LoadContext { quant, dtype: options.dtype };
-    let model = Transformer::build(config, &mut weights, &ctx)?;
-    let unused = weights.unused();
-    if !unused.is_empty() {
-        tracing::debug!(dir = %dir.display(), ?unused, "tensors not used by the model");
-    }
+    let mut loader = Loader::new(&mut weights, &ctx);
+    let model = Transformer::build(config, &mut loader)?;
+    loader.finish(model.family.ignored_tensors())?;
     Ok(model)
 }

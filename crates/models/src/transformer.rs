@@ -12,14 +12,15 @@
 //! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
 //! with the causal mask aligned to the end, GQA by head grouping).
 use mlx_core::Array;
-use mlx_core::fast::{AttentionMask, Rope, scaled_dot_product_attention};
+use mlx_core::fast::Rope;
 use serde_json::Value;
 
+use crate::blocks::{Activation, Attention, Mlp};
 use crate::cache::{LayerCache, ModelCache};
 use crate::config::{ModelConfig, config_path};
 use crate::gemma::{Gemma, Version as GemmaVersion};
-use crate::layers::{Embedding, Linear, LoadContext, RmsNorm};
-use crate::weights::Weights;
+use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::loader::Loader;
 use crate::{Error, Result};
 
 /// Which family's variations apply.
@@ -54,25 +55,19 @@ impl Family {
             ))),
         }
     }
-}
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-}
-
-struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    /// The tensors a checkpoint of this family may hold that the model does not use, as
+    /// [`Loader::finish`] matches them (a name equal to an entry or ending in `.<entry>`):
+    /// what mlx-lm's `sanitize` of `models/<model_type>.py` drops regardless of the config
+    /// (the precomputed rope table `self_attn.rotary_emb.inv_freq` of HF checkpoints).
+    /// Config-dependent drops (a stored `lm_head` with tied embeddings, the keys/values of
+    /// Gemma 4's KV-shared layers) are made by the builder. Any other leftover tensor is an
+    /// error.
+    pub fn ignored_tensors(self) -> &'static [&'static str] {
+        match self {
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Gemma4 => &["rotary_emb.inv_freq"],
+        }
+    }
 }
 
 struct Block {
@@ -149,80 +144,72 @@ fn rope_for(cfg: &ModelConfig, dir: &std::path::Path) -> Result<Rope> {
 }
 
 impl Transformer {
-    /// Builds the decoder from `config` and `weights` (consumed by name).
+    /// Builds the decoder from `config`, taking its tensors from `w` (the root handle of
+    /// the model directory; the caller [`Loader::finish`]es it with
+    /// [`Family::ignored_tensors`]).
     ///
     /// # Errors
     /// [`Error::Unsupported`] for another model type; [`Error::Weight`] for a missing or
     /// misshapen tensor; [`Error::Config`] for inconsistent quantization entries.
-    pub fn build(config: ModelConfig, weights: &mut Weights, ctx: &LoadContext) -> Result<Self> {
+    pub fn build(config: ModelConfig, w: &mut Loader) -> Result<Self> {
         let family = Family::from_model_type(&config.model_type)?;
         if let Some(version) = match family {
             Family::Gemma3 => Some(GemmaVersion::V3),
             Family::Gemma4 => Some(GemmaVersion::V4),
             _ => None,
         } {
-            let gemma = Gemma::build(&config, version, weights, ctx)?;
+            let gemma = Gemma::build(&config, version, w)?;
             return Ok(Transformer { family, arch: Arch::Gemma(Box::new(gemma)), config });
         }
         let c = &config;
-        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+        let (h, hd, nh, nkv, eps) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads(), c.rms_norm_eps);
         let qkv_bias = family == Family::Qwen2 || c.attention_bias;
         let o_bias = family == Family::Llama && c.attention_bias;
         let mlp_bias = family == Family::Llama && c.mlp_bias;
+        let mut model = w.pp("model");
         let mut blocks = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let head_norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
-                if family == Family::Qwen3 {
-                    Ok(Some(RmsNorm::load(w, ctx, &format!("{a}.{n}"), hd, c.rms_norm_eps)?))
-                } else {
-                    Ok(None)
-                }
-            };
+            let mut p = model.pp(format_args!("layers.{i}"));
+            let mut a = p.pp("self_attn");
+            let qk_norms = family == Family::Qwen3;
             let attn = Attention {
-                q_proj: Linear::load(weights, ctx, &format!("{a}.q_proj"), nh * hd, h, qkv_bias)?,
-                k_proj: Linear::load(weights, ctx, &format!("{a}.k_proj"), nkv * hd, h, qkv_bias)?,
-                v_proj: Linear::load(weights, ctx, &format!("{a}.v_proj"), nkv * hd, h, qkv_bias)?,
-                o_proj: Linear::load(weights, ctx, &format!("{a}.o_proj"), h, nh * hd, o_bias)?,
-                q_norm: head_norm(weights, "q_norm")?,
-                k_norm: head_norm(weights, "k_norm")?,
+                q_proj: a.linear("q_proj", nh * hd, h, qkv_bias)?,
+                k_proj: Some(a.linear("k_proj", nkv * hd, h, qkv_bias)?),
+                v_proj: Some(a.linear("v_proj", nkv * hd, h, qkv_bias)?),
+                o_proj: a.linear("o_proj", h, nh * hd, o_bias)?,
+                q_norm: if qk_norms { Some(a.norm("q_norm", hd, eps)?) } else { None },
+                k_norm: if qk_norms { Some(a.norm("k_norm", hd, eps)?) } else { None },
+                v_norm_eps: None,
                 n_heads: nh as i32,
                 n_kv_heads: nkv as i32,
                 head_dim: hd as i32,
                 scale: (hd as f32).powf(-0.5),
             };
-            let m = format!("{p}.mlp");
+            let mut m = p.pp("mlp");
+            let ff = c.intermediate_size;
             let mlp = Mlp {
-                gate_proj: Linear::load(weights, ctx, &format!("{m}.gate_proj"), c.intermediate_size, h, mlp_bias)?,
-                up_proj: Linear::load(weights, ctx, &format!("{m}.up_proj"), c.intermediate_size, h, mlp_bias)?,
-                down_proj: Linear::load(weights, ctx, &format!("{m}.down_proj"), h, c.intermediate_size, mlp_bias)?,
+                gate_proj: m.linear("gate_proj", ff, h, mlp_bias)?,
+                up_proj: m.linear("up_proj", ff, h, mlp_bias)?,
+                down_proj: m.linear("down_proj", h, ff, mlp_bias)?,
+                act: Activation::Silu,
             };
             blocks.push(Block {
                 attn,
                 mlp,
-                input_layernorm: RmsNorm::load(weights, ctx, &format!("{p}.input_layernorm"), h, c.rms_norm_eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    weights,
-                    ctx,
-                    &format!("{p}.post_attention_layernorm"),
-                    h,
-                    c.rms_norm_eps,
-                )?,
+                input_layernorm: p.norm("input_layernorm", h, eps)?,
+                post_attention_layernorm: p.norm("post_attention_layernorm", h, eps)?,
             });
         }
-        let embed = Embedding::load(weights, ctx, "model.embed_tokens", c.vocab_size, h)?;
-        let norm = RmsNorm::load(weights, ctx, "model.norm", h, c.rms_norm_eps)?;
+        let embed = model.embedding("embed_tokens", c.vocab_size, h)?;
+        let norm = model.norm("norm", h, eps)?;
         let lm_head = if c.tied_embeddings() {
             // mlx-lm's sanitize drops a stored lm_head when embeddings are tied.
-            for s in ["weight", "scales", "biases"] {
-                weights.take_opt(&format!("lm_head.{s}"));
-            }
+            w.discard("lm_head");
             None
         } else {
-            Some(Linear::load(weights, ctx, "lm_head", c.vocab_size, h, false)?)
+            Some(w.linear("lm_head", c.vocab_size, h, false)?)
         };
-        let rope = rope_for(c, weights.dir())?;
+        let rope = rope_for(c, w.dir())?;
         Ok(Transformer { family, arch: Arch::Decoder { embed, blocks, norm, lm_head, rope }, config })
     }
 
@@ -324,43 +311,9 @@ impl Transformer {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
-        let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope)?;
+        let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope, true)?;
         let h = x.add(&r)?;
         let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
         Ok(h.add(&r)?)
-    }
-}
-
-impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&crate::layers::swiglu(&self.gate_proj, &self.up_proj, x)?)
-    }
-}
-
-impl Attention {
-    fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, l, n, self.head_dim])?;
-            let y = match norm {
-                Some(nrm) => nrm.forward(&y)?,
-                None => y,
-            };
-            Ok(y.transpose(&[0, 2, 1, 3])?)
-        };
-        let [q, k, v]: [Array; 3] = crate::layers::forward_many(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
-            .try_into()
-            .expect("three projections");
-        let q = heads(q, self.n_heads, &self.q_norm)?;
-        let k = heads(k, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(v, self.n_kv_heads, &None)?;
-        let offset = cache.offset() as i32;
-        let q = rope.apply(&q, offset)?;
-        let k = rope.apply(&k, offset)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
-        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
-        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
