@@ -124,6 +124,35 @@ struct Counters {
     sdpa: AtomicU64,
 }
 
+/// The counters of a [`KernelPolicy`]: [`KernelCounters::default`] starts new ones at zero,
+/// a clone shares them.
+#[derive(Debug, Clone, Default)]
+pub struct KernelCounters(Arc<Counters>);
+
+impl KernelCounters {
+    /// The nodes counted so far.
+    pub fn calls(&self) -> KernelCalls {
+        let c = &self.0;
+        KernelCalls {
+            qmm: c.qmm.load(Ordering::Relaxed),
+            dense: c.dense.load(Ordering::Relaxed),
+            fast: c.fast.load(Ordering::Relaxed),
+            sdpa: c.sdpa.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, kernel: Kernel) {
+        let c = &self.0;
+        match kernel {
+            Kernel::Qmm => &c.qmm,
+            Kernel::Dense => &c.dense,
+            Kernel::Fast => &c.fast,
+            Kernel::Sdpa => &c.sdpa,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The kernels a model runs on: which of mlx-spec's CPU kernels its layers use, and the
 /// instruction-set cap of the matmul kernel. Chosen at load time and carried by the model
 /// (`models::LoadContext::kernels`); every dispatching call takes it, so two models in one
@@ -150,7 +179,11 @@ pub struct KernelPolicy {
     pub sdpa: bool,
     /// The best instruction set the matmul kernel may use (`MLX_SPEC_QMM_ISA`).
     pub max_isa: Isa,
-    counters: Arc<Counters>,
+    /// Threads one matmul is split over (clamped to 1..=cores); `None`: the pool's
+    /// process-wide count (`MLX_SPEC_QMM_THREADS`, default all cores).
+    pub threads: Option<usize>,
+    /// The graph nodes sent to each kernel through this policy and its clones.
+    pub counters: KernelCounters,
 }
 
 impl Default for KernelPolicy {
@@ -164,8 +197,8 @@ impl Default for KernelPolicy {
 impl PartialEq for KernelPolicy {
     /// Same switches and cap (the counters are not compared).
     fn eq(&self, o: &Self) -> bool {
-        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa)
-            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa)
+        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa, self.threads)
+            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa, o.threads)
     }
 }
 
@@ -187,7 +220,8 @@ impl KernelPolicy {
             fast_norm_rope: on,
             sdpa: on,
             max_isa: Isa::Avx512f,
-            counters: Arc::default(),
+            threads: None,
+            counters: KernelCounters::default(),
         }
     }
 
@@ -198,22 +232,28 @@ impl KernelPolicy {
         self
     }
 
+    /// This policy with matmuls split over `n` threads (same counters).
+    #[must_use]
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// The thread count the C++ kernels take: 0 for the pool's count.
+    pub(crate) fn threads_arg(&self) -> i32 {
+        self.threads.map_or(0, |n| n.clamp(1, i32::MAX as usize) as i32)
+    }
+
     /// This policy with counters of its own, starting at zero.
     #[must_use]
     pub fn with_new_counters(mut self) -> Self {
-        self.counters = Arc::default();
+        self.counters = KernelCounters::default();
         self
     }
 
     /// The nodes this policy (and its clones) sent to each kernel so far.
     pub fn calls(&self) -> KernelCalls {
-        let c = &self.counters;
-        KernelCalls {
-            qmm: c.qmm.load(Ordering::Relaxed),
-            dense: c.dense.load(Ordering::Relaxed),
-            fast: c.fast.load(Ordering::Relaxed),
-            sdpa: c.sdpa.load(Ordering::Relaxed),
-        }
+        self.counters.calls()
     }
 
     /// The instruction set the matmul kernel uses under this policy on this CPU.
@@ -242,14 +282,7 @@ impl KernelPolicy {
     }
 
     pub(crate) fn count(&self, kernel: Kernel) {
-        let c = &self.counters;
-        match kernel {
-            Kernel::Qmm => &c.qmm,
-            Kernel::Dense => &c.dense,
-            Kernel::Fast => &c.fast,
-            Kernel::Sdpa => &c.sdpa,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        self.counters.count(kernel);
     }
 }
 
@@ -400,7 +433,8 @@ impl Settings {
             fast_norm_rope: self.fast_norm_rope.value,
             sdpa: self.sdpa.value,
             max_isa: self.max_isa.value,
-            counters: Arc::default(),
+            threads: None,
+            counters: KernelCounters::default(),
         }
     }
 

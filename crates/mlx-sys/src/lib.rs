@@ -287,6 +287,7 @@ pub mod ffi {
             group_size: i32,
             bits: i32,
             max_isa: i32,
+            threads: i32,
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_quantized_matmuls(
             x: &MxArray,
@@ -295,12 +296,14 @@ pub mod ffi {
             bits: i32,
             swiglu: bool,
             max_isa: i32,
+            threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
         fn cpu_dense_matmuls(
             x: &MxArray,
             weights: &ArrayList,
             swiglu: bool,
             max_isa: i32,
+            threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
         fn cpu_qmm_isa(max_isa: i32) -> String;
         fn cpu_qmm_calls() -> u64;

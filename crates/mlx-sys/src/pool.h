@@ -40,6 +40,15 @@ class Pool {
 
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
+  // The threads a job asking for `wanted` gets: threads() for 0, else `wanted` clamped to
+  // 1..=cores (a caller's kernel policy may ask for fewer or more than the pool default).
+  static int effective(int wanted, int fallback) {
+    if (wanted <= 0) return fallback;
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    return std::clamp(wanted, 1, std::max(1, std::min(hw > 0 ? hw : 1, 64)));
+  }
+  int threads(int wanted) const { return effective(wanted, threads()); }
+
   // Microseconds idle workers spin after a quantized matmul before they sleep.
   int spin_us() const { return spin_us_.load(std::memory_order_relaxed); }
   void set_spin_us(int us) { spin_us_.store(std::max(0, us), std::memory_order_relaxed); }
@@ -56,10 +65,10 @@ class Pool {
     kShort,  // 100 us: other work (BLAS's own threads) needs the cores in between
   };
 
-  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads() - 1
-  // workers; returns when all have finished. Jobs from two streams at once are serialized.
-  void run(int chunks, const std::function<void(int)>& fn, Linger linger = Linger::kLong) {
-    int helpers = std::min(threads(), chunks) - 1;
+  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads(wanted)
+  // - 1 workers; returns when all have finished. Jobs from two streams at once are serialized.
+  void run(int chunks, const std::function<void(int)>& fn, Linger linger = Linger::kLong, int wanted = 0) {
+    int helpers = std::min(threads(wanted), chunks) - 1;
     if (helpers <= 0) {
       for (int i = 0; i < chunks; ++i) fn(i);
       return;
