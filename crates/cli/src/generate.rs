@@ -335,7 +335,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     check_sampling(&a)?;
     let drafting = drafting(&a)?;
     let dir = target_dir(a.model.as_deref())?;
-    let load = LoadOptions { dtype };
+    let load = LoadOptions { dtype, ..LoadOptions::default() };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let drafter = load_drafter(&drafting, &tok, &dir, &load, a.acceptance, a.confidence_threshold)?;

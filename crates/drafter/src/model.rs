@@ -176,7 +176,7 @@ impl Drafter {
         } else {
             QuantizationConfig::default()
         };
-        let ctx = LoadContext { quant, dtype: options.dtype };
+        let ctx = LoadContext { quant, dtype: options.dtype, kernels: options.kernels.clone() };
         // DeepSpec writes one `model.safetensors`; shards come with an index (mlx-lm's rule
         // of reading every `*.safetensors` would also pick up unrelated files beside it).
         let single = dir.join("model.safetensors");
@@ -614,12 +614,12 @@ impl Attention {
         let split = |y: Array| y.reshape(&[b, l, nkv as i32, hd]);
         let k_raw = split(self.k_proj.forward(x)?)?;
         let k = self.k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-        let k = rope.apply(&k, offset)?;
+        let k = rope.apply(&k, offset, self.o_proj.kernels())?;
         let v = match &self.v_proj {
             Some(vp) => split(vp.forward(x)?)?,
             None => k_raw,
         };
-        let v = if self.v_norm { rms_norm(&v, None, eps)? } else { v };
+        let v = if self.v_norm { rms_norm(&v, None, eps, self.o_proj.kernels())? } else { v };
         Ok((k, v.transpose(&[0, 2, 1, 3])?))
     }
 }
@@ -634,10 +634,11 @@ impl Layer {
         let xn = self.input_layernorm.forward(x)?;
         let q = self.attn.q_proj.forward(&xn)?.reshape(&[b, l, nh, hd])?;
         let q = self.attn.q_norm.forward(&q)?.transpose(&[0, 2, 1, 3])?;
-        let q = d.rope.apply(&q, offset)?;
+        let kernels = self.attn.o_proj.kernels();
+        let q = d.rope.apply(&q, offset, kernels)?;
         let (k, v) = self.attn.kv(&xn, &d.rope, offset, c.rms_norm_eps, c.num_kv_heads)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let o = scaled_dot_product_attention(&q, &k, &v, d.scale, AttentionMask::None)?;
+        let o = scaled_dot_product_attention(&q, &k, &v, d.scale, AttentionMask::None, kernels)?;
         let o = self.attn.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, nh * hd])?)?;
         if gemma {
             let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;

@@ -141,7 +141,7 @@ fn gelu_approx(x: &Array) -> Result<Array> {
 /// A Gemma 3 norm: `rms_norm(x, 1 + w)`.
 fn one_plus(norm: RmsNorm) -> Result<RmsNorm> {
     let one = Array::scalar_as(1.0, norm.weight.dtype())?;
-    Ok(RmsNorm { weight: norm.weight.add(&one)?, eps: norm.eps })
+    Ok(RmsNorm { weight: norm.weight.add(&one)?, eps: norm.eps, kernels: norm.kernels })
 }
 
 /// The causal window mask `[L, T]` for keys at positions `0..T` in order and queries at
@@ -582,9 +582,9 @@ impl Layer {
                 };
                 let offset = cache.offset() as i32;
                 let k = k_norm.forward(&k_raw)?.transpose(&[0, 2, 1, 3])?;
-                let k = self.rope.apply(&k, offset)?;
+                let k = self.rope.apply(&k, offset, self.o_proj.kernels())?;
                 let v = match self.v_norm_eps {
-                    Some(eps) => rms_norm(&v_raw, None, eps)?,
+                    Some(eps) => rms_norm(&v_raw, None, eps, self.o_proj.kernels())?,
                     None => v_raw,
                 };
                 let v = v.transpose(&[0, 2, 1, 3])?;
@@ -605,13 +605,14 @@ impl Layer {
                 Shared { keys: k, values: v, mask, offset }
             }
         };
-        let q = self.rope.apply(&q, shared.offset)?;
+        let q = self.rope.apply(&q, shared.offset, self.o_proj.kernels())?;
         let mask = match &shared.mask {
             Some(m) => AttentionMask::Array(m),
             None if l > 1 => AttentionMask::Causal,
             None => AttentionMask::None,
         };
-        let o = scaled_dot_product_attention(&q, &shared.keys, &shared.values, self.scale, mask)?;
+        let o =
+            scaled_dot_product_attention(&q, &shared.keys, &shared.values, self.scale, mask, self.o_proj.kernels())?;
         let o = self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)?;
         Ok((o, shared))
     }

@@ -356,11 +356,12 @@ impl Attention {
         let k = heads(k, self.n_kv_heads, &self.k_norm)?;
         let v = heads(v, self.n_kv_heads, &None)?;
         let offset = cache.offset() as i32;
-        let q = rope.apply(&q, offset)?;
-        let k = rope.apply(&k, offset)?;
+        let kernels = self.o_proj.kernels();
+        let q = rope.apply(&q, offset, kernels)?;
+        let k = rope.apply(&k, offset, kernels)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
-        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask, kernels)?;
         self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }

@@ -75,7 +75,7 @@ fn drafter(spec: &str, target_dir: &Path, tok: &Tokenizer, load: &LoadOptions) -
 fn main() -> Result<()> {
     let a = Args::parse();
     let dtype = mlx_core::Dtype::from_name(&a.dtype).with_context(|| format!("--dtype {}", a.dtype))?;
-    let load = LoadOptions { dtype: Some(dtype) };
+    let load = LoadOptions { dtype: Some(dtype), ..LoadOptions::default() };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
     let arm_a = drafter(&a.drafter_a, &a.target, &tok, &load)?;
