@@ -63,7 +63,8 @@ pub fn quantized_matmul_t(
             biases.raw(),
             spec.group_size,
             spec.bits,
-            policy.max_isa as i32, policy.threads_arg(),
+            policy.max_isa as i32,
+            policy.threads_arg(),
         ),
     )
 }
@@ -79,8 +80,16 @@ pub fn quantized_matmul_t(
 pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix], policy: &KernelPolicy) -> Result<Vec<Array>> {
     let spec = same_spec("cpu_quantized_matmuls", mats)?;
     policy.count(Kernel::Qmm);
-    let l = ffi::cpu_quantized_matmuls(x.raw(), &triples(mats), spec.group_size, spec.bits, false, policy.max_isa as i32, policy.threads_arg())
-        .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
+    let l = ffi::cpu_quantized_matmuls(
+        x.raw(),
+        &triples(mats),
+        spec.group_size,
+        spec.bits,
+        false,
+        policy.max_isa as i32,
+        policy.threads_arg(),
+    )
+    .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
     (0..ffi::list_len(&l)).map(|i| wrap("cpu_quantized_matmuls", ffi::list_get(&l, i))).collect()
 }
 
@@ -103,9 +112,10 @@ pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix, policy:
         spec.group_size,
         spec.bits,
         true,
-        policy.max_isa as i32, policy.threads_arg(),
+        policy.max_isa as i32,
+        policy.threads_arg(),
     )
-        .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;
+    .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;
     wrap("cpu_quantized_swiglu", ffi::list_get(&l, 0))
 }
 
@@ -121,8 +131,14 @@ pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix, policy:
 /// CPU.
 pub fn dense_matmuls_t(x: &Array, weights: &[&Array], policy: &KernelPolicy) -> Result<Vec<Array>> {
     policy.count(Kernel::Dense);
-    let l = ffi::cpu_dense_matmuls(x.raw(), &list(weights.iter().copied()), false, policy.max_isa as i32, policy.threads_arg())
-        .map_err(|e| crate::Error::mlx("cpu_dense_matmuls", e))?;
+    let l = ffi::cpu_dense_matmuls(
+        x.raw(),
+        &list(weights.iter().copied()),
+        false,
+        policy.max_isa as i32,
+        policy.threads_arg(),
+    )
+    .map_err(|e| crate::Error::mlx("cpu_dense_matmuls", e))?;
     (0..ffi::list_len(&l)).map(|i| wrap("cpu_dense_matmuls", ffi::list_get(&l, i))).collect()
 }
 

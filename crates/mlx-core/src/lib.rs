@@ -53,8 +53,8 @@ pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use ops::{concatenate, stack};
-pub use settings::{KernelPolicy, Settings};
 pub use runtime::{
     Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device,
     eval, info, memory, select_blas, set_gemv_routing, version,
 };
+pub use settings::{KernelPolicy, Settings};

@@ -384,7 +384,10 @@ impl Settings {
             None => Setting::default(None),
         };
         let pool_spin_us = match parsed("MLX_SPEC_POOL_SPIN_US") {
-            Some(us) => Setting { value: us.min(u64::from(i32::MAX as u32)) as u32, source: Source::Env("MLX_SPEC_POOL_SPIN_US") },
+            Some(us) => Setting {
+                value: us.min(u64::from(i32::MAX as u32)) as u32,
+                source: Source::Env("MLX_SPEC_POOL_SPIN_US"),
+            },
             None => Setting::default(5000),
         };
         let gemv_routing = match lookup("MLX_SPEC_GEMV") {

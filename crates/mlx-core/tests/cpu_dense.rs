@@ -144,7 +144,8 @@ fn bad_inputs_are_errors_naming_the_problem() {
     assert!(e.contains("cpu_dense_matmuls") && e.contains("float32"), "{e}");
     let e = err(dense_matmuls_t(
         &Array::ones(&[1, 48], Dtype::Float32).unwrap(),
-        &[&Array::ones(&[8, 48], Dtype::Float32).unwrap()], p,
+        &[&Array::ones(&[8, 48], Dtype::Float32).unwrap()],
+        p,
     ));
     assert!(e.contains("multiple of 32"), "{e}");
     let e = err(dense_matmuls_t(&Array::ones(&[1, 32], Dtype::Float32).unwrap(), &[&w], p));

@@ -191,7 +191,8 @@ fn rows_do_not_depend_on_the_window_size() {
             let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed)).unwrap();
             let q = quant::quantize(&w, spec).unwrap();
             let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 3)).unwrap();
-            let all = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+            let all =
+                quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
             for r in 0..t {
                 let xr = x.slice_axis(0, r, r + 1).unwrap();
                 let one =

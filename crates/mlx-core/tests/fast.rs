@@ -83,7 +83,8 @@ fn rms_norm_with_and_without_weight() {
         assert_close(&f32s(&r), &rms_norm_ref(&x, h, None, eps as f64), TOL);
     }
     // A hand-checked row: [3, 4] has mean square 12.5, so with eps 0 the output is x / sqrt(12.5).
-    let r = fast::rms_norm(&arr(&[3., 4.], &[1, 2]), Some(&arr(&[1., 2.], &[2])), 0.0, &KernelPolicy::default()).unwrap();
+    let r =
+        fast::rms_norm(&arr(&[3., 4.], &[1, 2]), Some(&arr(&[1., 2.], &[2])), 0.0, &KernelPolicy::default()).unwrap();
     let s = 12.5f64.sqrt();
     assert_close(&f32s(&r), &[3.0 / s, 8.0 / s], TOL);
     // The weight must be [H].
@@ -189,7 +190,10 @@ fn rope_full_dims_both_layouts() {
     // The two layouts really differ (so the test above tells them apart).
     let a = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
     let b = Rope { traditional: true, ..a.clone() };
-    let (ra, rb) = (f32s(&a.apply(&xa, 0, &KernelPolicy::default()).unwrap()), f32s(&b.apply(&xa, 0, &KernelPolicy::default()).unwrap()));
+    let (ra, rb) = (
+        f32s(&a.apply(&xa, 0, &KernelPolicy::default()).unwrap()),
+        f32s(&b.apply(&xa, 0, &KernelPolicy::default()).unwrap()),
+    );
     assert!(ra.iter().zip(&rb).any(|(p, q)| (p - q).abs() > 1e-2));
     // Position 0 is the identity.
     assert_eq!(&ra[..RD], &x[..RD]);
@@ -235,7 +239,8 @@ fn rope_custom_freqs() {
         Rope { dims: RD as i32, traditional: false, base: 1.0, scale: 1.0, freqs: Some(arr(&std_freqs, &[4])) };
     let default = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
     let c = f32s(&custom.apply(&xa, 1, &KernelPolicy::default()).unwrap());
-    let d: Vec<f64> = f32s(&default.apply(&xa, 1, &KernelPolicy::default()).unwrap()).iter().map(|&v| v as f64).collect();
+    let d: Vec<f64> =
+        f32s(&default.apply(&xa, 1, &KernelPolicy::default()).unwrap()).iter().map(|&v| v as f64).collect();
     assert_close(&c, &d, TOL);
     // freqs of the wrong length are rejected.
     let bad = Rope { freqs: Some(arr(&[1., 2.], &[2])), ..custom };
@@ -355,7 +360,15 @@ fn sdpa_no_mask() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 9, ..MHA }, Dims { dv: 6, ..MHA }] {
         let t = qkv(s);
         let scale = 1.0 / (s.d as f32).sqrt();
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::None, &KernelPolicy::default()).unwrap();
+        let r = fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::None,
+            &KernelPolicy::default(),
+        )
+        .unwrap();
         assert_eq!(r.shape(), vec![s.b as i32, s.hq as i32, s.lq as i32, s.dv as i32]);
         let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, _, _| 0.0);
         assert_close(&f32s(&r), &want, TOL);
@@ -368,7 +381,15 @@ fn sdpa_causal_with_shorter_queries() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 4, ..MHA }] {
         let t = qkv(s);
         let scale = 0.3;
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal, &KernelPolicy::default()).unwrap();
+        let r = fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::Causal,
+            &KernelPolicy::default(),
+        )
+        .unwrap();
         let off = s.lk - s.lq;
         let want = sdpa_ref(
             &t.q,
@@ -382,8 +403,14 @@ fn sdpa_causal_with_shorter_queries() {
     }
     // The causal result differs from the unmasked one (the mask is really applied).
     let t = qkv(MHA);
-    let c = f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::Causal, &KernelPolicy::default()).unwrap());
-    let n = f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::None, &KernelPolicy::default()).unwrap());
+    let c = f32s(
+        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::Causal, &KernelPolicy::default())
+            .unwrap(),
+    );
+    let n = f32s(
+        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::None, &KernelPolicy::default())
+            .unwrap(),
+    );
     assert!(c.iter().zip(&n).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
@@ -403,14 +430,30 @@ fn sdpa_additive_float_mask() {
     }
     let ma = arr(&m, &[s.b as i32, 1, s.lq as i32, s.lk as i32]);
     let scale = 0.35;
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma), &KernelPolicy::default()).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, _, i, j| m[(b * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 
     // A [Lq, Lk] mask broadcasts over batch and heads.
     let m2: Vec<f32> = (0..s.lq * s.lk).map(|n| (n as f32 * 0.37).cos()).collect();
     let m2a = arr(&m2, &[s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&m2a), &KernelPolicy::default()).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&m2a),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, i, j| m2[i * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 }
@@ -424,7 +467,15 @@ fn sdpa_boolean_mask() {
     let bytes: Vec<u8> = keep.iter().map(|&b| b as u8).collect();
     let ma = Array::from_bytes(&bytes, &[s.lq as i32, s.lk as i32], Dtype::Bool).unwrap();
     let scale = 0.4;
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma), &KernelPolicy::default()).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(
         &t.q,
         &t.k,
@@ -442,9 +493,20 @@ fn sdpa_boolean_mask() {
     let qi = Array::arange(0.0, s.lq as f64, 1.0, Dtype::Int32).unwrap().reshape(&[s.lq as i32, 1]).unwrap();
     let kj = Array::arange(0.0, s.lk as f64, 1.0, Dtype::Int32).unwrap();
     let causal = kj.less_equal(&qi.add(&Array::scalar_as(off as f64, Dtype::Int32).unwrap()).unwrap()).unwrap();
-    let by_mask =
-        f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&causal), &KernelPolicy::default()).unwrap());
-    let by_mode = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal, &KernelPolicy::default()).unwrap();
+    let by_mask = f32s(
+        &fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::Array(&causal),
+            &KernelPolicy::default(),
+        )
+        .unwrap(),
+    );
+    let by_mode =
+        fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal, &KernelPolicy::default())
+            .unwrap();
     let by_mask64: Vec<f64> = by_mask.iter().map(|&v| v as f64).collect();
     assert_close(&f32s(&by_mode), &by_mask64, TOL);
 }
@@ -476,12 +538,21 @@ fn sdpa_grouped_query_attention() {
     // With a float mask [B, Hq, Lq, Lk] that differs per head.
     let m: Vec<f32> = (0..s.b * s.hq * s.lq * s.lk).map(|n| (n as f32 * 0.61).sin()).collect();
     let ma = arr(&m, &[s.b as i32, s.hq as i32, s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma), &KernelPolicy::default()).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want =
         sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, h, i, j| m[((b * s.hq + h) * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
     // Head counts that do not divide are rejected.
     let bad = arr(&data(2 * 3 * 6 * 8, 0.0), &[2, 3, 6, 8]);
-    let e = fast::scaled_dot_product_attention(&t.qa, &bad, &bad, scale, AttentionMask::None, &KernelPolicy::default()).unwrap_err();
+    let e = fast::scaled_dot_product_attention(&t.qa, &bad, &bad, scale, AttentionMask::None, &KernelPolicy::default())
+        .unwrap_err();
     assert!(e.to_string().starts_with("scaled_dot_product_attention: "), "{e}");
 }

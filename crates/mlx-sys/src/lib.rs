@@ -279,6 +279,7 @@ pub mod ffi {
         fn blas_select(which: &str) -> bool;
         fn blas_sgemm_calls() -> u64;
 
+        #[allow(clippy::too_many_arguments)]
         fn cpu_quantized_matmul(
             x: &MxArray,
             w: &MxArray,

@@ -23,7 +23,10 @@ fn main() {
             let mut best = f64::MAX;
             for _ in 0..reps {
                 let t0 = Instant::now();
-                cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec, &policy).unwrap().eval().unwrap();
+                cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec, &policy)
+                    .unwrap()
+                    .eval()
+                    .unwrap();
                 best = best.min(t0.elapsed().as_secs_f64());
             }
             let macs = (n as f64) * (k as f64) * (t as f64);

@@ -158,8 +158,7 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
         .collect();
     if let Some(mats) = quantized {
         let first = mats.first()?;
-        let ok = kernels.uses_qmm()
-            && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
+        let ok = kernels.uses_qmm() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
         return ok.then_some(Fusable::Quantized(mats));
     }
     let dense: Vec<&Array> = linears

@@ -75,7 +75,8 @@ fn a_policy_is_per_model() {
     let model = load_model(&case_dir("llama_q4"), &options).unwrap();
     let other = KernelPolicy { qmm: false, ..KernelPolicy::mlx() };
     let _other_model =
-        load_model(&case_dir("llama_q4"), &LoadOptions { dtype: Some(Dtype::Float32), kernels: other.clone() }).unwrap();
+        load_model(&case_dir("llama_q4"), &LoadOptions { dtype: Some(Dtype::Float32), kernels: other.clone() })
+            .unwrap();
     model.forward(&ids(&TOKENS[..3]).unwrap(), &mut model.make_cache()).unwrap().eval().unwrap();
     assert_eq!(other.calls(), KernelCalls::default());
     if mlx_core::backend() == mlx_core::Backend::Cpu {

@@ -91,8 +91,10 @@ fn smollm2_rejection_rule_under_filters() {
 #[test]
 fn smollm2_self_drafting_is_always_accepted_when_sampling() {
     let (target, tok, dir) = load();
-    let drafter =
-        TwoModelProvider::new(load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap(), "self");
+    let drafter = TwoModelProvider::new(
+        load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap(),
+        "self",
+    );
     let prompts = ["Write a short poem about the sea.", "List three uses of a paperclip."];
     let samplers = [
         ("temp 0.7", Sampler { temp: 0.7, ..Sampler::default() }),
