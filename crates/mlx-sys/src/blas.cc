@@ -190,7 +190,8 @@ bool blas_select(rust::Str which) {
   std::string w(which);
   Provider p = w == "reference" ? reference() : w == "openblas" ? openblas() : load("custom", w);
   if (!p.sgemm) return false;
-  ensure_selected();
+  // No ensure_selected() first: a choice made before the first sgemm (mlx-core's settings)
+  // must not load the default provider (OpenBLAS starts its threads when loaded).
   std::lock_guard<std::mutex> lock(g_mutex);
   install(std::move(p));
   return true;
