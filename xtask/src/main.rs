@@ -535,12 +535,10 @@ fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let ours_path = out_dir.join("ours.jsonl");
     let mut c = cargo();
-    c.args(["bench", "-p", "models", "--bench", "decode"])
-        .env("MLX_SPEC_BENCH_MODELS", &joined)
-        .env("MLX_SPEC_BENCH_OUT", &ours_path)
-        .env("MLX_SPEC_BENCH_TOKENS", a.tokens.to_string())
-        .env("MLX_SPEC_BENCH_REPS", a.reps.to_string())
-        .env("MLX_SPEC_BENCH_VARIANTS", "ours,mlx-norm-rope,mlx-kernels");
+    c.args(["bench", "-p", "models", "--bench", "decode", "--", "--models", &joined, "--out"])
+        .arg(&ours_path)
+        .args(["--tokens", &a.tokens.to_string(), "--reps", &a.reps.to_string()])
+        .args(["--variants", "ours,mlx-norm-rope,mlx-kernels"]);
     run(c)?;
     let mut rows: Vec<serde_json::Value> = std::fs::read_to_string(&ours_path)?
         .lines()

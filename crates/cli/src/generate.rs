@@ -194,7 +194,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     check_sampling(&a)?;
     let drafting = DrafterSpec::from_args(&drafter_args(&a))?;
     let dir = target_dir(a.model.as_deref())?;
-    let load = LoadOptions { dtype };
+    let load = LoadOptions { dtype, ..LoadOptions::default() };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let drafter = drafting.load(DraftTarget { dir: &dir, tokenizer: &tok, load: &load })?;

@@ -1,6 +1,7 @@
 //! `mlx-spec`: the command line of the mlx-spec workspace.
 //!
-//! - `info`: MLX version, device, backend and BLAS in use (the first thing to run).
+//! - `info`: MLX version, device, backend and BLAS in use, and every run-time setting
+//!   (`MLX_SPEC_*`) with its effective value and where it came from (the first thing to run).
 //! - `generate`: generation with mlx_lm's flags (`--model`, `--prompt`, `--max-tokens`,
 //!   `--temp`, `--top-p`, `--top-k`, `--min-p`, `--seed`, ...), plain or speculative
 //!   (`--draft-model DIR` or `--draft-kind ngram`, `--num-draft-tokens N`). Without
@@ -31,7 +32,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the MLX version, device, backend and BLAS in use, and run a tiny matmul.
+    /// Print the MLX version, device, backend and BLAS in use, every setting with its value
+    /// and source, and run a tiny matmul.
     Info {
         /// Print as JSON.
         #[arg(long)]
@@ -78,7 +80,7 @@ struct ImportArgs {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("MLX_SPEC_LOG"))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&mlx_core::Settings::global().log.value))
         .with_writer(std::io::stderr)
         .init();
     // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
@@ -99,8 +101,19 @@ fn info(json: bool) -> Result<()> {
     let check = a.matmul(&a)?.to_vec::<f32>()?;
     anyhow::ensure!(check == [7., 10., 15., 22.], "MLX computed a wrong 2x2 matmul: {check:?}");
     let i = mlx_core::info();
+    let settings = mlx_core::Settings::global().entries();
+    let kernels = mlx_core::KernelPolicy::default();
+    let (isa, threads) = (kernels.isa(), mlx_core::cpu_quant::threads());
     let mut out = std::io::stdout().lock();
     if json {
+        let settings: Vec<_> = settings
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name, "value": e.value, "source": e.source.to_string(), "about": e.about,
+                })
+            })
+            .collect();
         let v = serde_json::json!({
             "mlx_version": i.mlx_version,
             "device": i.device,
@@ -108,6 +121,9 @@ fn info(json: bool) -> Result<()> {
             "blas": i.blas,
             "mlx_root": i.mlx_root,
             "mlx_spec_version": env!("CARGO_PKG_VERSION"),
+            "qmm_isa": isa,
+            "kernel_threads": threads,
+            "settings": settings,
         });
         writeln!(out, "{v}")?;
     } else {
@@ -117,6 +133,12 @@ fn info(json: bool) -> Result<()> {
         writeln!(out, "backend    {}", i.backend)?;
         writeln!(out, "blas       {}", i.blas)?;
         writeln!(out, "libmlx     {}", i.mlx_root)?;
+        writeln!(out, "kernels    {isa}, {threads} thread(s)")?;
+        writeln!(out, "settings (value, where it came from):")?;
+        let width = settings.iter().map(|e| e.name.len()).max().unwrap_or(0);
+        for e in &settings {
+            writeln!(out, "  {:width$}  {}  ({})", e.name, e.value, e.source)?;
+        }
     }
     out.flush().context("writing to stdout")?;
     Ok(())

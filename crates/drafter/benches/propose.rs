@@ -47,7 +47,7 @@ fn propose(c: &mut Criterion) {
     let mut g = c.benchmark_group("dspark_propose_h512_v16k");
     g.measurement_time(Duration::from_secs(4)).sample_size(20);
     for (name, path) in &arms {
-        let d = Drafter::load(path, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+        let d = Drafter::load(path, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
         let mut ctx = d.new_context();
         d.ingest(&mut ctx, &feats).unwrap();
         mlx_core::eval(&ctx.state().iter().collect::<Vec<_>>()).unwrap();

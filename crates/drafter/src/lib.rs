@@ -17,7 +17,8 @@
 //! use mlx_core::{Array, Dtype};
 //! use models::LoadOptions;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let d = Drafter::load("drafter-dir".as_ref(), &LoadOptions { dtype: Some(Dtype::Float32) })?;
+//! let options = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
+//! let d = Drafter::load("drafter-dir".as_ref(), &options)?;
 //! let width = d.config().feature_width() as i32;
 //! let c = d.project_context(&Array::zeros(&[1, 1, width], Dtype::Float32)?)?;
 //! assert_eq!(c.shape(), vec![1, 1, d.hidden_size() as i32]);

@@ -154,7 +154,7 @@ impl Drafter {
         } else {
             QuantizationConfig::default()
         };
-        let ctx = LoadContext { quant, dtype: options.dtype };
+        let ctx = LoadContext { quant, dtype: options.dtype, kernels: options.kernels.clone() };
         // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
         // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
         let mut weights = Weights::load(dir)?;

@@ -58,7 +58,8 @@ const BF16: Tol = Tol { hidden: 0.15, stream_rtol: 0.05, logits: 0.25, rtol: 0.0
 fn session(variant: &str, arch: Architecture, bf16: bool) {
     let d = dir(variant);
     let dtype = if bf16 { None } else { Some(Dtype::Float32) };
-    let drafter = Drafter::load(&d, &LoadOptions { dtype }).unwrap_or_else(|e| panic!("load {variant}: {e}"));
+    let drafter = Drafter::load(&d, &LoadOptions { dtype, ..LoadOptions::default() })
+        .unwrap_or_else(|e| panic!("load {variant}: {e}"));
     assert_eq!(drafter.config().architecture, arch);
     let g = load_safetensors(d.join("cases.safetensors")).unwrap();
     let t = if bf16 { BF16 } else { F32 };
@@ -188,7 +189,8 @@ fn gemma4_v_proj_bf16_within_bf16_tolerance() {
 fn tap_mapping_matches_hidden_states() {
     for variant in ["qwen3", "gemma4/k_eq_v"] {
         let d = dir(variant);
-        let drafter = Drafter::load(&d, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+        let drafter =
+            Drafter::load(&d, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
         let g = load_safetensors(d.join("cases.safetensors")).unwrap();
         let hs = g.get("inputs.prefill_hidden_states").unwrap();
         let taps: Vec<Array> = drafter

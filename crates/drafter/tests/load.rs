@@ -19,7 +19,7 @@ fn golden(variant: &str) -> PathBuf {
 }
 
 fn f32_load() -> LoadOptions {
-    LoadOptions { dtype: Some(Dtype::Float32) }
+    LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }
 }
 
 /// Copies the golden checkpoint `variant` into `dst`, letting `edit` change the config and

@@ -14,7 +14,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use mlx_core::cpu_quant;
 use mlx_core::quant::{self, QuantSpec};
 use mlx_core::random::{Key, normal};
-use mlx_core::{Array, Blas, Dtype, select_blas, set_gemv_routing};
+use mlx_core::{Array, Blas, Dtype, KernelPolicy, select_blas, set_gemv_routing};
 use std::time::Duration;
 
 fn rand(shape: &[i32], seed: u64) -> Array {
@@ -96,9 +96,13 @@ fn quantized_kernels(c: &mut Criterion) {
             let x = rand(&[1, t, k], 1);
             let id = format!("q{bits}g32_{t}x{k}x{n}");
             g.bench_function(format!("{id}/mlx"), |b| b.iter(|| q.matmul_t(&x).unwrap().eval().unwrap()));
+            let policy = KernelPolicy::all_on();
             g.bench_function(format!("{id}/ours"), |b| {
                 b.iter(|| {
-                    cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec).unwrap().eval().unwrap()
+                    cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec, &policy)
+                        .unwrap()
+                        .eval()
+                        .unwrap()
                 })
             });
         }

@@ -187,6 +187,7 @@ impl Array {
             return Err(Error::Dtype { op: "to_vec", expected: T::DTYPE, found });
         }
         let mut out = vec![T::zeroed(); self.size()];
+        crate::settings::apply_process();
         ffi::copy_to(self.raw(), bytemuck::cast_slice_mut(&mut out)).map_err(|e| Error::mlx("to_vec", e))?;
         Ok(out)
     }
@@ -209,6 +210,7 @@ impl Array {
     /// [`Error::Mlx`] when evaluation fails.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.nbytes()];
+        crate::settings::apply_process();
         ffi::copy_to(self.raw(), &mut out).map_err(|e| Error::mlx("to_bytes", e))?;
         Ok(out)
     }
@@ -218,6 +220,7 @@ impl Array {
     /// # Errors
     /// [`Error::Mlx`] when the array does not have exactly one element.
     pub fn item(&self) -> Result<f64> {
+        crate::settings::apply_process();
         ffi::item_f64(self.raw()).map_err(|e| Error::mlx("item", e))
     }
 }

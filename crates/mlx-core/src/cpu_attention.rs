@@ -13,11 +13,12 @@
 //! backend, float32, no mask or the causal mask, at most [`MAX_QUERIES`] query rows (longer
 //! prompts keep MLX's BLAS path, which is faster for prefill). Results equal MLX's
 //! attention up to float rounding (another summation order and exp): the tests allow
-//! `|Δ| <= 1e-5` relative to the largest value. Off: `MLX_SPEC_SDPA=mlx` or [`set_enabled`].
+//! `|Δ| <= 1e-5` relative to the largest value. Off: [`KernelPolicy::sdpa`] `false`
+//! (`MLX_SPEC_SDPA=mlx` for the default policy).
 use mlx_sys::ffi;
 
 use crate::array::wrap;
-use crate::runtime::CpuKernelSwitch;
+use crate::settings::KernelPolicy;
 use crate::{Array, Dtype, Result};
 
 /// Query rows (tokens of a decode step or verify window) up to which the fused kernel is
@@ -38,31 +39,18 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> R
 }
 
 /// Whether [`crate::fast::scaled_dot_product_attention`] sends these inputs to
-/// [`attention`]: [`enabled`], all float32, 4-D, at most [`MAX_QUERIES`] query rows (and for
-/// `causal` no more query rows than keys).
-pub fn applies(q: &Array, k: &Array, v: &Array, causal: bool) -> bool {
+/// [`attention`] under `policy`: [`KernelPolicy::uses_sdpa`], all float32, 4-D, at most
+/// [`MAX_QUERIES`] query rows (and for `causal` no more query rows than keys).
+pub fn applies(q: &Array, k: &Array, v: &Array, causal: bool, policy: &KernelPolicy) -> bool {
     let (lq, lk) = (q.shape().get(2).copied(), k.shape().get(2).copied());
-    enabled()
+    policy.uses_sdpa()
         && [q, k, v].iter().all(|a| a.dtype() == Dtype::Float32 && a.ndim() == 4)
         && lq.is_some_and(|l| l <= MAX_QUERIES)
         && (!causal || lq <= lk)
 }
 
-/// Whether the fused kernel is on: on the CPU backend unless turned off with
-/// [`set_enabled`] or `MLX_SPEC_SDPA=mlx`. Always `false` on Metal and CUDA.
-pub fn enabled() -> bool {
-    SWITCH.enabled()
-}
-
-/// Turns the kernel on or off process-wide (benchmarks and tests compare both); `true` has
-/// no effect off the CPU backend. Returns the previous [`enabled`].
-pub fn set_enabled(on: bool) -> bool {
-    SWITCH.set(on)
-}
-
-/// How many attention nodes the kernel has evaluated in this process (proves a path uses it).
+/// How many attention nodes the kernel has evaluated in this process, under any policy (one
+/// policy's nodes: [`KernelPolicy::calls`]).
 pub fn calls() -> u64 {
     ffi::cpu_attention_calls()
 }
-
-static SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_SDPA");

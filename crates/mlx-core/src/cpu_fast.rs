@@ -17,13 +17,14 @@
 //! depend on the number of rows, so a verify window's values equal one-token steps'.
 //!
 //! [`crate::fast::rms_norm`] and [`crate::fast::Rope::apply`] use them on their own when
-//! [`applies`]: CPU backend, float32 input (and weight / freqs). Off: `MLX_SPEC_FAST=mlx`
-//! or [`set_enabled`].
+//! [`applies`]: the caller's [`KernelPolicy`] has them on (CPU backend), float32 input (and
+//! weight / freqs). Off: [`KernelPolicy::fast_norm_rope`] `false` (`MLX_SPEC_FAST=mlx` for
+//! the default policy).
 use mlx_sys::ffi;
 
 use crate::array::{list, wrap};
 use crate::fast::Rope;
-use crate::runtime::CpuKernelSwitch;
+use crate::settings::KernelPolicy;
 use crate::{Array, Dtype, Result};
 
 /// RMS norm of `x [..., H]` (f32) with an optional f32 `weight [H]`, as one node.
@@ -66,25 +67,14 @@ pub(crate) fn rope_as(op: &'static str, rope: &Rope, x: &Array, offset: i32) -> 
     )
 }
 
-/// Whether the fused nodes are used for these inputs: [`enabled`] and every array f32.
-pub fn applies(arrays: &[Option<&Array>]) -> bool {
-    enabled() && arrays.iter().flatten().all(|a| a.dtype() == Dtype::Float32)
+/// Whether the fused nodes are used for these inputs under `policy`:
+/// [`KernelPolicy::uses_fast_norm_rope`] and every array f32.
+pub fn applies(arrays: &[Option<&Array>], policy: &KernelPolicy) -> bool {
+    policy.uses_fast_norm_rope() && arrays.iter().flatten().all(|a| a.dtype() == Dtype::Float32)
 }
 
-/// Whether [`crate::fast`] uses these kernels: on the CPU backend unless `MLX_SPEC_FAST` is
-/// `mlx`, `off` or `0` (read once), or as last set by [`set_enabled`].
-pub fn enabled() -> bool {
-    SWITCH.enabled()
-}
-
-/// Turns the kernels on (CPU backend only) or off; returns the previous [`enabled`].
-pub fn set_enabled(on: bool) -> bool {
-    SWITCH.set(on)
-}
-
-/// RMS norm and RoPE evaluations by the kernels since the process started.
+/// RMS norm and RoPE evaluations by the kernels since the process started, under any policy
+/// (one policy's nodes: [`KernelPolicy::calls`]).
 pub fn calls() -> u64 {
     ffi::cpu_fast_calls()
 }
-
-static SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_FAST");

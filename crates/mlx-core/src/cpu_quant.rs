@@ -6,8 +6,9 @@
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T` tokens
 //! costs a fraction of `T` one-token steps), uses AVX-512F or AVX2 + FMA when the CPU has
-//! them (checked at run time; a portable path otherwise; see [`isa`]) and splits the output
-//! features over all cores (`MLX_SPEC_QMM_THREADS` or [`set_threads`]).
+//! them (checked at run time; a portable path otherwise; the caller's [`KernelPolicy`] caps
+//! the choice, see [`KernelPolicy::isa`]) and splits the output features over all cores
+//! (process-wide: `MLX_SPEC_QMM_THREADS` or [`set_threads`]).
 //!
 //! The same kernels take dense float32 weights ([`dense_matmuls_t`], [`dense_swiglu_t`]):
 //! MLX sends those products to BLAS (`sgemv` for one row through mlx-sys's routing, `sgemm`
@@ -19,7 +20,10 @@
 //! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
 //! float32 activations, scales and biases (load models with `dtype = Float32`, the fast
 //! choice on this backend anyway). [`supports`] says whether a matrix and input qualify;
-//! callers fall back to [`crate::quant::quantized_matmul`] otherwise.
+//! callers fall back to [`crate::quant::quantized_matmul`] otherwise. The dispatching calls
+//! ([`QuantizedMatrix::matmul_t_auto`], [`dense_matmul_t_auto`]) follow the
+//! [`KernelPolicy`] they are given; every node built through a policy counts in its
+//! [`KernelPolicy::calls`].
 //!
 //! Results equal MLX's `quantized_matmul` up to float rounding (another summation order):
 //! the tests allow `|Δ| <= 1e-5 * Σ_k |x_k * w_k| + 1e-6` per output element.
@@ -27,7 +31,7 @@ use mlx_sys::ffi;
 
 use crate::array::{list, wrap};
 use crate::quant::{QuantSpec, QuantizedMatrix};
-use crate::runtime::CpuKernelSwitch;
+use crate::settings::{Kernel, KernelPolicy};
 use crate::{Array, Dtype, Result};
 
 /// Bit widths the kernel handles.
@@ -35,15 +39,33 @@ pub const KERNEL_BITS: [i32; 2] = [4, 8];
 
 /// `x [..., K]` (float32) times the transpose of the quantized `W [N, K]`: `[..., N]`
 /// float32, lazy. `weight` uint32 `[N, K * bits / 32]`, `scales`/`biases` float32
-/// `[N, K / group_size]` (mlx's affine layout).
+/// `[N, K / group_size]` (mlx's affine layout). Runs under `policy`'s instruction-set cap
+/// and counts in its [`KernelPolicy::calls`] (whatever its switches say).
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] naming the problem when the spec is not 4/8-bit, a dtype is not
 /// float32, the shapes disagree, or the default device is not the CPU.
-pub fn quantized_matmul_t(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Result<Array> {
+pub fn quantized_matmul_t(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+    policy: &KernelPolicy,
+) -> Result<Array> {
+    policy.count(Kernel::Qmm);
     wrap(
         "cpu_quantized_matmul",
-        ffi::cpu_quantized_matmul(x.raw(), weight.raw(), scales.raw(), biases.raw(), spec.group_size, spec.bits),
+        ffi::cpu_quantized_matmul(
+            x.raw(),
+            weight.raw(),
+            scales.raw(),
+            biases.raw(),
+            spec.group_size,
+            spec.bits,
+            policy.max_isa as i32,
+            policy.threads_arg(),
+        ),
     )
 }
 
@@ -55,10 +77,19 @@ pub fn quantized_matmul_t(x: &Array, weight: &Array, scales: &Array, biases: &Ar
 /// # Errors
 /// [`crate::Error::Mlx`] as [`quantized_matmul_t`], and for matrices of different specs or
 /// an empty list.
-pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix]) -> Result<Vec<Array>> {
+pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix], policy: &KernelPolicy) -> Result<Vec<Array>> {
     let spec = same_spec("cpu_quantized_matmuls", mats)?;
-    let l = ffi::cpu_quantized_matmuls(x.raw(), &triples(mats), spec.group_size, spec.bits, false)
-        .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
+    policy.count(Kernel::Qmm);
+    let l = ffi::cpu_quantized_matmuls(
+        x.raw(),
+        &triples(mats),
+        spec.group_size,
+        spec.bits,
+        false,
+        policy.max_isa as i32,
+        policy.threads_arg(),
+    )
+    .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
     (0..ffi::list_len(&l)).map(|i| wrap("cpu_quantized_matmuls", ffi::list_get(&l, i))).collect()
 }
 
@@ -72,10 +103,19 @@ pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix]) -> Result<Vec<A
 /// # Errors
 /// [`crate::Error::Mlx`] as [`quantized_matmul_t`], and when `gate` and `up` differ in shape
 /// or spec.
-pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix) -> Result<Array> {
+pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix, policy: &KernelPolicy) -> Result<Array> {
     let spec = same_spec("cpu_quantized_swiglu", &[gate, up])?;
-    let l = ffi::cpu_quantized_matmuls(x.raw(), &triples(&[gate, up]), spec.group_size, spec.bits, true)
-        .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;
+    policy.count(Kernel::Qmm);
+    let l = ffi::cpu_quantized_matmuls(
+        x.raw(),
+        &triples(&[gate, up]),
+        spec.group_size,
+        spec.bits,
+        true,
+        policy.max_isa as i32,
+        policy.threads_arg(),
+    )
+    .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;
     wrap("cpu_quantized_swiglu", ffi::list_get(&l, 0))
 }
 
@@ -89,9 +129,16 @@ pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix) -> Resu
 /// [`crate::Error::Mlx`] naming the problem when a dtype is not float32, `K` is not a
 /// multiple of 32, the shapes disagree, the list is empty, or the default device is not the
 /// CPU.
-pub fn dense_matmuls_t(x: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
-    let l = ffi::cpu_dense_matmuls(x.raw(), &list(weights.iter().copied()), false)
-        .map_err(|e| crate::Error::mlx("cpu_dense_matmuls", e))?;
+pub fn dense_matmuls_t(x: &Array, weights: &[&Array], policy: &KernelPolicy) -> Result<Vec<Array>> {
+    policy.count(Kernel::Dense);
+    let l = ffi::cpu_dense_matmuls(
+        x.raw(),
+        &list(weights.iter().copied()),
+        false,
+        policy.max_isa as i32,
+        policy.threads_arg(),
+    )
+    .map_err(|e| crate::Error::mlx("cpu_dense_matmuls", e))?;
     (0..ffi::list_len(&l)).map(|i| wrap("cpu_dense_matmuls", ffi::list_get(&l, i))).collect()
 }
 
@@ -99,8 +146,9 @@ pub fn dense_matmuls_t(x: &Array, weights: &[&Array]) -> Result<Vec<Array>> {
 ///
 /// # Errors
 /// As [`dense_matmuls_t`], and when `gate` and `up` differ in shape.
-pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array) -> Result<Array> {
-    let l = ffi::cpu_dense_matmuls(x.raw(), &list([gate, up]), true)
+pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array, policy: &KernelPolicy) -> Result<Array> {
+    policy.count(Kernel::Dense);
+    let l = ffi::cpu_dense_matmuls(x.raw(), &list([gate, up]), true, policy.max_isa as i32, policy.threads_arg())
         .map_err(|e| crate::Error::mlx("cpu_dense_swiglu", e))?;
     wrap("cpu_dense_swiglu", ffi::list_get(&l, 0))
 }
@@ -109,13 +157,13 @@ pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array) -> Result<Array> {
 /// inputs (prompt prefill) stay with BLAS `sgemm`, faster there.
 pub const DENSE_MAX_ROWS: usize = 32;
 
-/// Whether a dense layer should use [`dense_matmuls_t`] for `w [N, K]` and input `x`: the
-/// switch is on ([`dense_enabled`]), both are float32, `K` is a multiple of 32 and `x` has at
-/// most [`DENSE_MAX_ROWS`] rows.
-pub fn dense_applies(w: &Array, x: &Array) -> bool {
+/// Whether a dense layer should use [`dense_matmuls_t`] for `w [N, K]` and input `x`:
+/// `policy` has the dense kernel on ([`KernelPolicy::uses_dense`]: CPU backend), both are
+/// float32, `K` is a multiple of 32 and `x` has at most [`DENSE_MAX_ROWS`] rows.
+pub fn dense_applies(w: &Array, x: &Array, policy: &KernelPolicy) -> bool {
     let (ws, xs) = (w.shape(), x.shape());
     let rows: usize = xs[..xs.len().saturating_sub(1)].iter().map(|&d| d as usize).product();
-    dense_enabled()
+    policy.uses_dense()
         && w.dtype() == Dtype::Float32
         && x.dtype() == Dtype::Float32
         && ws.len() == 2
@@ -125,31 +173,17 @@ pub fn dense_applies(w: &Array, x: &Array) -> bool {
 }
 
 /// `x [..., K] @ w^T` for a dense `w [N, K]`: `[..., N]` in `x`'s dtype, lazy, with the
-/// fastest kernel for the input: [`dense_matmuls_t`] when [`dense_applies`], else MLX's
-/// matmul (BLAS). The dense counterpart of [`QuantizedMatrix::matmul_t_auto`].
+/// fastest kernel for the input under `policy`: [`dense_matmuls_t`] when [`dense_applies`],
+/// else MLX's matmul (BLAS). The dense counterpart of [`QuantizedMatrix::matmul_t_auto`].
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] when `x`'s last axis is not `K`.
-pub fn dense_matmul_t_auto(x: &Array, w: &Array) -> Result<Array> {
-    if dense_applies(w, x) {
-        return Ok(dense_matmuls_t(x, &[w])?.remove(0));
+pub fn dense_matmul_t_auto(x: &Array, w: &Array, policy: &KernelPolicy) -> Result<Array> {
+    if dense_applies(w, x, policy) {
+        return Ok(dense_matmuls_t(x, &[w], policy)?.remove(0));
     }
     x.matmul(&w.t()?)
 }
-
-/// Whether dense float32 layers should use this kernel for short inputs: on the CPU backend
-/// unless turned off with [`set_dense_enabled`] or `MLX_SPEC_DENSE=mlx` (MLX's matmul and
-/// BLAS then, for comparisons). Always `false` on Metal and CUDA.
-pub fn dense_enabled() -> bool {
-    DENSE_SWITCH.enabled()
-}
-
-/// Turns the dense path on or off process-wide; returns the previous [`dense_enabled`].
-pub fn set_dense_enabled(on: bool) -> bool {
-    DENSE_SWITCH.set(on)
-}
-
-static DENSE_SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_DENSE");
 
 /// The common spec of `mats`, or an error naming both specs.
 fn same_spec(op: &'static str, mats: &[&QuantizedMatrix]) -> Result<QuantSpec> {
@@ -178,65 +212,35 @@ pub fn supports(q: &QuantizedMatrix, x: Dtype) -> bool {
         && q.weight.dtype() == Dtype::Uint32
 }
 
-/// Whether quantized layers should use this kernel: on the CPU backend unless turned off
-/// with [`set_enabled`] or `MLX_SPEC_QMM=mlx` (which keeps MLX's own kernel, for
-/// comparisons). Always `false` on Metal and CUDA.
-pub fn enabled() -> bool {
-    SWITCH.enabled()
-}
-
-/// Turns the kernel on or off for quantized layers process-wide (benchmarks compare both);
-/// `true` has no effect off the CPU backend. Returns the previous [`enabled`].
-pub fn set_enabled(on: bool) -> bool {
-    SWITCH.set(on)
-}
-
-static SWITCH: CpuKernelSwitch = CpuKernelSwitch::new("MLX_SPEC_QMM");
-
-/// The instruction sets of the kernel, from the portable C++ up; [`isa`] reports one.
-pub const ISAS: [&str; 3] = ["portable", "avx2+fma", "avx512f"];
-
-/// The instruction set the next evaluation uses: the best of [`ISAS`] that the CPU has,
-/// under the cap of [`limit_isa`] (`MLX_SPEC_QMM_ISA` at start).
-pub fn isa() -> String {
-    ffi::cpu_qmm_isa()
-}
-
-/// Caps the instruction set at `name` (one of [`ISAS`]) process-wide, e.g. to test the
-/// portable path on an AVX-512 machine; returns the previous cap. Each instruction set has
-/// its own summation order, so results differ between them at rounding level; within one,
-/// a row's result never depends on the number of rows.
-///
-/// # Errors
-/// [`crate::Error::Mlx`] for a name not in [`ISAS`].
-pub fn limit_isa(name: &str) -> Result<String> {
-    ffi::cpu_qmm_limit_isa(name).map_err(|e| crate::Error::mlx("cpu_qmm_limit_isa", e))
-}
-
-/// How many products the kernel has evaluated in this process (proves a path uses it).
+/// How many products the kernel has evaluated in this process, under any policy (the
+/// count of one policy's nodes is [`KernelPolicy::calls`]).
 pub fn calls() -> u64 {
     ffi::cpu_qmm_calls()
 }
 
-/// Threads the kernel splits output features over.
+/// Threads the kernels split their work over (process-wide: one pool for all models).
 pub fn threads() -> usize {
+    crate::settings::apply_process();
     ffi::cpu_qmm_threads() as usize
 }
 
-/// Sets the kernel's thread count (clamped to 1..=cores).
+/// Sets the kernels' thread count process-wide (clamped to 1..=cores), overriding
+/// `MLX_SPEC_QMM_THREADS`.
 pub fn set_threads(n: usize) {
+    crate::settings::apply_process();
     ffi::cpu_qmm_set_threads(n.min(i32::MAX as usize) as i32);
 }
 
 impl QuantizedMatrix {
-    /// `x @ W^T` with the fastest kernel for this backend: [`quantized_matmul_t`] when
-    /// [`enabled`] and [`supports`] hold, else MLX's [`QuantizedMatrix::matmul_t`].
+    /// `x @ W^T` with the fastest kernel for this backend under `policy`:
+    /// [`quantized_matmul_t`] when [`KernelPolicy::uses_qmm`] and [`supports`] hold, else
+    /// MLX's [`QuantizedMatrix::matmul_t`].
     ///
     /// # Errors
     /// As [`QuantizedMatrix::matmul_t`].
-    pub fn matmul_t_auto(&self, x: &Array) -> Result<Array> {
-        if enabled() && supports(self, x.dtype()) {
-            quantized_matmul_t(x, &self.weight, &self.scales, &self.biases, self.spec)
+    pub fn matmul_t_auto(&self, x: &Array, policy: &KernelPolicy) -> Result<Array> {
+        if policy.uses_qmm() && supports(self, x.dtype()) {
+            quantized_matmul_t(x, &self.weight, &self.scales, &self.biases, self.spec, policy)
         } else {
             self.matmul_t(x)
         }

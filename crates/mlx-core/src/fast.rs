@@ -3,17 +3,20 @@
 use mlx_sys::ffi;
 
 use crate::array::{list, wrap};
+use crate::settings::{Kernel, KernelPolicy};
 use crate::{Array, Result};
 
 /// RMS norm over the last axis: `x / sqrt(mean(x^2) + eps) * weight`
 /// (Zhang & Sennrich 2019; `mlx.core.fast.rms_norm`).
 ///
-/// Shapes: `x [..., H]`, `weight [H]` (or `None` for no scaling); output like `x`.
+/// Shapes: `x [..., H]`, `weight [H]` (or `None` for no scaling); output like `x`. One CPU
+/// node ([`crate::cpu_fast`]) when `policy` has it on and the inputs are f32.
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] when `weight` is not `[H]`.
-pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
-    if crate::cpu_fast::applies(&[Some(x), weight]) {
+pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32, policy: &KernelPolicy) -> Result<Array> {
+    if crate::cpu_fast::applies(&[Some(x), weight], policy) {
+        policy.count(Kernel::Fast);
         return crate::cpu_fast::rms_norm_as("rms_norm", x, weight, eps);
     }
     wrap("rms_norm", ffi::rms_norm(x.raw(), &list(weight), eps))
@@ -52,12 +55,14 @@ pub struct Rope {
 
 impl Rope {
     /// Applies the rotation to `x [..., L, D]` with the first row at position `offset`
-    /// (tokens already in the KV cache).
+    /// (tokens already in the KV cache). One CPU node ([`crate::cpu_fast`]) when `policy`
+    /// has it on and the inputs are f32.
     ///
     /// # Errors
     /// [`crate::Error::Mlx`] when `dims` exceeds `D` or is odd, or `freqs` has the wrong size.
-    pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
-        if crate::cpu_fast::applies(&[Some(x), self.freqs.as_ref()]) {
+    pub fn apply(&self, x: &Array, offset: i32, policy: &KernelPolicy) -> Result<Array> {
+        if crate::cpu_fast::applies(&[Some(x), self.freqs.as_ref()], policy) {
+            policy.count(Kernel::Fast);
             return crate::cpu_fast::rope_as("rope", self, x, offset);
         }
         let has_base = self.freqs.is_none();
@@ -97,8 +102,9 @@ pub enum AttentionMask<'a> {
 /// `[B, Hq, Lq, Dv]`. Grouped-query attention when `Hq` is a multiple of `Hkv` (query
 /// head `h` uses KV head `h / (Hq / Hkv)`).
 ///
-/// On the CPU backend, float32 inputs with at most [`crate::cpu_attention::MAX_QUERIES`]
-/// query rows and no explicit mask go to the fused kernel of [`crate::cpu_attention`].
+/// On the CPU backend, when `policy` has the kernel on, float32 inputs with at most
+/// [`crate::cpu_attention::MAX_QUERIES`] query rows and no explicit mask go to the fused
+/// kernel of [`crate::cpu_attention`].
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] on mismatched shapes or head counts.
@@ -108,12 +114,15 @@ pub fn scaled_dot_product_attention(
     v: &Array,
     scale: f32,
     mask: AttentionMask<'_>,
+    policy: &KernelPolicy,
 ) -> Result<Array> {
-    let fused =
-        |causal| wrap("scaled_dot_product_attention", ffi::cpu_attention(q.raw(), k.raw(), v.raw(), scale, causal));
+    let fused = |causal| {
+        policy.count(Kernel::Sdpa);
+        wrap("scaled_dot_product_attention", ffi::cpu_attention(q.raw(), k.raw(), v.raw(), scale, causal))
+    };
     match mask {
-        AttentionMask::None if crate::cpu_attention::applies(q, k, v, false) => return fused(false),
-        AttentionMask::Causal if crate::cpu_attention::applies(q, k, v, true) => return fused(true),
+        AttentionMask::None if crate::cpu_attention::applies(q, k, v, false, policy) => return fused(false),
+        AttentionMask::Causal if crate::cpu_attention::applies(q, k, v, true, policy) => return fused(true),
         _ => {}
     }
     let (mode, arr) = match mask {

@@ -14,7 +14,9 @@
 //!   is installed ([`blas_info`]); matrix-vector shapes go to its sgemv
 //!   ([`set_gemv_routing`]), 4/8-bit quantized matmuls have a fast kernel
 //!   ([`cpu_quant`]), attention over short query windows is one fused node
-//!   ([`cpu_attention`]), and so are RMS norm and RoPE ([`cpu_fast`]).
+//!   ([`cpu_attention`]), and so are RMS norm and RoPE ([`cpu_fast`]). Which of these
+//!   kernels a model uses is a [`KernelPolicy`] value it carries; the environment only seeds
+//!   the default ([`settings`]).
 //!
 //! ```
 //! use mlx_core::{Array, Dtype, fast, quant::{self, QuantSpec}};
@@ -26,7 +28,7 @@
 //! let w = Array::from_slice(&vec![0.5f32; 64 * 128], &[64, 128])?; // [N, K]
 //! let x = Array::ones(&[1, 128], Dtype::Float32)?; // [1, K]
 //! let q = quant::quantize(&w, QuantSpec::new(64, 4)?)?; // as mlx.core.quantize
-//! let y = fast::rms_norm(&q.matmul_t(&x)?, None, 1e-5)?; // [1, N]
+//! let y = fast::rms_norm(&q.matmul_t(&x)?, None, 1e-5, &mlx_core::KernelPolicy::default())?; // [1, N]
 //! assert_eq!(y.shape(), vec![1, 64]);
 //! # Ok(())
 //! # }
@@ -44,6 +46,7 @@ mod ops;
 pub mod quant;
 pub mod random;
 mod runtime;
+pub mod settings;
 
 pub use array::Array;
 pub use dtype::{Dtype, Element};
@@ -54,3 +57,4 @@ pub use runtime::{
     Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device,
     eval, info, memory, select_blas, set_gemv_routing, version,
 };
+pub use settings::{KernelPolicy, Settings};

@@ -12,6 +12,7 @@ use crate::{Array, Error, Result};
 /// # Errors
 /// [`Error::Mlx`] when a kernel or a lazy load throws.
 pub fn eval(arrays: &[&Array]) -> Result<()> {
+    crate::settings::apply_process();
     ffi::eval(&list(arrays.iter().copied())).map_err(|e| Error::mlx("eval", e))
 }
 
@@ -21,6 +22,7 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
 /// # Errors
 /// [`Error::Mlx`] when scheduling fails.
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {
+    crate::settings::apply_process();
     ffi::async_eval(&list(arrays.iter().copied())).map_err(|e| Error::mlx("async_eval", e))
 }
 
@@ -100,6 +102,7 @@ pub fn default_device() -> String {
 /// `openblas (/usr/lib/x86_64-linux-gnu/libopenblas.so.0) OpenBLAS 0.3.21 ... threads=2`
 /// or `reference (.../mlx_cpu.libs/libblas-bd8a282c.so.3.10.0)`.
 pub fn blas_info() -> String {
+    crate::settings::apply_process();
     ffi::blas_info()
 }
 
@@ -123,6 +126,7 @@ pub fn blas_gemv_calls() -> u64 {
 /// whole matrix in sgemm for those shapes: 3-4x slower on decode-sized matrices). Results
 /// agree to float rounding (different summation order). No effect without the switch.
 pub fn set_gemv_routing(on: bool) -> bool {
+    crate::settings::apply_process();
     ffi::blas_set_gemv_routing(on)
 }
 
@@ -135,13 +139,15 @@ pub enum Blas {
     Reference,
 }
 
-/// Routes MLX's `cblas_sgemm` to `blas` from now on (for benchmarks and A/B checks; the
-/// environment variable `MLX_SPEC_BLAS=openblas|reference|/path/lib.so` sets the default).
+/// Routes MLX's `cblas_sgemm` to `blas` from now on, process-wide (for benchmarks and A/B
+/// checks; `MLX_SPEC_BLAS=openblas|reference|/path/lib.so` sets the default, see
+/// [`crate::settings`]).
 ///
 /// # Errors
 /// [`Error::Invalid`] when the library cannot be loaded or this build has no BLAS switch
 /// (macOS, where libmlx uses Accelerate).
 pub fn select_blas(blas: Blas) -> Result<()> {
+    crate::settings::apply_process();
     let name = match blas {
         Blas::OpenBlas => "openblas",
         Blas::Reference => "reference",
@@ -178,43 +184,5 @@ pub fn info() -> RuntimeInfo {
         backend: backend(),
         blas: blas_info(),
         mlx_root: mlx_sys::MLX_ROOT,
-    }
-}
-
-/// A process-wide on/off switch for one of mlx-spec's CPU kernels: on by default on the CPU
-/// backend unless its environment variable says `mlx`, `off` or `0`; never on elsewhere.
-pub(crate) struct CpuKernelSwitch {
-    env: &'static str,
-    state: std::sync::atomic::AtomicU8,
-}
-
-impl CpuKernelSwitch {
-    const UNSET: u8 = 0;
-    const ON: u8 = 1;
-    const OFF: u8 = 2;
-
-    pub(crate) const fn new(env: &'static str) -> Self {
-        Self { env, state: std::sync::atomic::AtomicU8::new(Self::UNSET) }
-    }
-
-    pub(crate) fn enabled(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        match self.state.load(Relaxed) {
-            Self::UNSET => {
-                let off = matches!(std::env::var(self.env).as_deref(), Ok("mlx") | Ok("off") | Ok("0"));
-                let on = backend() == Backend::Cpu && !off;
-                self.state.store(if on { Self::ON } else { Self::OFF }, Relaxed);
-                on
-            }
-            s => s == Self::ON,
-        }
-    }
-
-    /// Returns the previous [`CpuKernelSwitch::enabled`].
-    pub(crate) fn set(&self, on: bool) -> bool {
-        let prev = self.enabled();
-        let on = on && backend() == Backend::Cpu;
-        self.state.store(if on { Self::ON } else { Self::OFF }, std::sync::atomic::Ordering::Relaxed);
-        prev
     }
 }

@@ -9,12 +9,8 @@
 use mlx_core::cpu_attention;
 use mlx_core::fast::{AttentionMask, scaled_dot_product_attention};
 use mlx_core::random::{Key, uniform};
-use mlx_core::{Array, Dtype};
+use mlx_core::{Array, Dtype, KernelPolicy};
 use proptest::prelude::*;
-use std::sync::Mutex;
-
-/// `cpu_attention::set_enabled` and the call counter are process-wide: one test at a time.
-static SETTINGS: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -50,17 +46,15 @@ fn mask(causal: bool) -> AttentionMask<'static> {
 }
 
 fn check(c: &Case) -> Result<(), TestCaseError> {
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     let (q, k, v) = inputs(c);
     let scale = 1.0 / (c.d as f32).sqrt();
-    let before = cpu_attention::calls();
-    let ours = cpu_attention::attention(&q, &k, &v, scale, c.causal).unwrap();
+    let (on, off) = (KernelPolicy::all_on(), KernelPolicy::mlx());
+    let ours = scaled_dot_product_attention(&q, &k, &v, scale, mask(c.causal), &on).unwrap();
     let o = ours.to_vec::<f32>().unwrap();
-    prop_assert_eq!(cpu_attention::calls(), before + 1);
-    let prev = cpu_attention::set_enabled(false);
-    let mlx = scaled_dot_product_attention(&q, &k, &v, scale, mask(c.causal)).unwrap();
+    prop_assert_eq!(on.calls().sdpa, 1, "the fused kernel");
+    let mlx = scaled_dot_product_attention(&q, &k, &v, scale, mask(c.causal), &off).unwrap();
     let m = mlx.to_vec::<f32>().unwrap();
-    cpu_attention::set_enabled(prev);
+    prop_assert_eq!(off.calls().sdpa, 0, "MLX's attention");
     prop_assert_eq!(ours.shape(), mlx.shape());
     prop_assert_eq!(ours.shape(), vec![c.b, c.hkv * c.group, c.lq, c.dv]);
     for (i, (a, b)) in o.iter().zip(&m).enumerate() {
@@ -71,7 +65,6 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
 
 /// Row `i` of a causal window equals that query alone over keys `0 ..= Lk - Lq + i`.
 fn check_rows_exact(c: &Case) -> Result<(), TestCaseError> {
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     let (q, k, v) = inputs(c);
     let lk = c.lq + c.extra_keys;
     let scale = 0.125;
@@ -145,31 +138,27 @@ fn decode_shapes_match_mlx() {
 /// explicit mask, and MLX's path for long prompts, explicit masks and other dtypes.
 #[test]
 fn dispatch_covers_short_windows_only() {
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    let prev = cpu_attention::set_enabled(true);
-    let run = |lq: i32, m: AttentionMask<'_>, dtype: Dtype| {
+    let run_with = |policy: KernelPolicy, lq: i32, m: AttentionMask<'_>, dtype: Dtype| {
         let q = rand(&[1, 4, lq, 64], 1).astype(dtype).unwrap();
         let k = rand(&[1, 2, 64, 64], 2).astype(dtype).unwrap();
         let v = rand(&[1, 2, 64, 64], 3).astype(dtype).unwrap();
-        let before = cpu_attention::calls();
-        scaled_dot_product_attention(&q, &k, &v, 0.125, m).unwrap().eval().unwrap();
-        cpu_attention::calls() - before
+        scaled_dot_product_attention(&q, &k, &v, 0.125, m, &policy).unwrap().eval().unwrap();
+        policy.calls().sdpa
     };
+    let run = |lq, m, dtype| run_with(KernelPolicy::all_on(), lq, m, dtype);
     assert_eq!(run(1, AttentionMask::None, Dtype::Float32), 1);
     assert_eq!(run(cpu_attention::MAX_QUERIES, AttentionMask::Causal, Dtype::Float32), 1);
     assert_eq!(run(cpu_attention::MAX_QUERIES + 1, AttentionMask::Causal, Dtype::Float32), 0);
     let explicit = Array::ones(&[1, 64], Dtype::Bool).unwrap();
     assert_eq!(run(1, AttentionMask::Array(&explicit), Dtype::Float32), 0);
     assert_eq!(run(1, AttentionMask::None, Dtype::Float16), 0);
-    cpu_attention::set_enabled(false);
-    assert_eq!(run(1, AttentionMask::None, Dtype::Float32), 0);
-    cpu_attention::set_enabled(prev);
+    let off = KernelPolicy { sdpa: false, ..KernelPolicy::all_on() };
+    assert_eq!(run_with(off, 1, AttentionMask::None, Dtype::Float32), 0);
 }
 
 #[test]
 fn mismatched_shapes_are_named() {
     let q = rand(&[1, 3, 1, 64], 1);
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     let k = rand(&[1, 2, 10, 64], 2);
     let err = cpu_attention::attention(&q, &k, &k, 0.1, false).unwrap_err().to_string();
     assert!(err.contains("Hq % Hkv") && err.contains("(1,3,1,64)"), "{err}");

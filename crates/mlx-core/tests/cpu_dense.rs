@@ -7,12 +7,9 @@
 //! kernel (float32 rounding of a K-term dot product in another summation order).
 use mlx_core::cpu_quant::{self, dense_matmuls_t, dense_swiglu_t};
 use mlx_core::random::{Key, normal, uniform};
-use mlx_core::{Array, Dtype};
+use mlx_core::settings::Isa;
+use mlx_core::{Array, Dtype, KernelPolicy};
 use proptest::prelude::*;
-use std::sync::Mutex;
-
-/// The ISA setting is process-wide: one test at a time changes it.
-static SETTINGS: Mutex<()> = Mutex::new(());
 
 fn weights(ns: &[i32], k: i32, seed: u64) -> Vec<Array> {
     ns.iter()
@@ -25,22 +22,22 @@ fn bits_of(a: &Array) -> Vec<u32> {
     a.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
-/// Runs `body` once per instruction set, with the cap restored afterwards.
-fn each_isa(cases: u32, mut body: impl FnMut(&mut proptest::test_runner::TestRunner) -> Result<(), String>) {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    for isa in cpu_quant::ISAS {
-        let prev = cpu_quant::limit_isa(isa).unwrap();
+/// Runs `body` once per instruction set, with a policy capped at it.
+fn each_isa(
+    cases: u32,
+    mut body: impl FnMut(&mut proptest::test_runner::TestRunner, &KernelPolicy) -> Result<(), String>,
+) {
+    for isa in Isa::ALL {
+        let policy = KernelPolicy::all_on().with_isa(isa);
         let mut runner =
             proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases, ..Default::default() });
-        let result = body(&mut runner);
-        cpu_quant::limit_isa(&prev).unwrap();
-        result.unwrap_or_else(|e| panic!("isa {isa}: {e}"));
+        body(&mut runner, &policy).unwrap_or_else(|e| panic!("isa {isa}: {e}"));
     }
 }
 
 #[test]
 fn dense_kernel_matches_mlx_matmul() {
-    each_isa(16, |runner| {
+    each_isa(16, |runner, p| {
         let strategy = (1..300i32, 1..24i32, 1..=40i32, any::<bool>(), any::<u64>());
         runner
             .run(&strategy, |(n, blocks, t, strided, seed)| {
@@ -54,7 +51,7 @@ fn dense_kernel_matches_mlx_matmul() {
                 } else {
                     uniform(-1.0, 1.0, &[2, t, k], Dtype::Float32, &Key::new(seed ^ 7)).unwrap()
                 };
-                let ours = dense_matmuls_t(&x, &[w]).unwrap().remove(0);
+                let ours = dense_matmuls_t(&x, &[w], p).unwrap().remove(0);
                 prop_assert_eq!(ours.shape(), vec![2, t, n]);
                 let mlx = x.matmul(&w.t().unwrap()).unwrap().to_vec::<f32>().unwrap();
                 let (xd, wd) = (x.astype(Dtype::Float64).unwrap(), w.astype(Dtype::Float64).unwrap().t().unwrap());
@@ -82,16 +79,16 @@ fn dense_kernel_matches_mlx_matmul() {
 
 #[test]
 fn dense_rows_do_not_depend_on_the_window_size() {
-    each_isa(16, |runner| {
+    each_isa(16, |runner, p| {
         let strategy = (1..300i32, 1..24i32, 2..=16i32, any::<u64>());
         runner
             .run(&strategy, |(n, blocks, t, seed)| {
                 let k = 32 * blocks;
                 let w = &weights(&[n], k, seed)[0];
                 let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 3)).unwrap();
-                let all = dense_matmuls_t(&x, &[w]).unwrap().remove(0);
+                let all = dense_matmuls_t(&x, &[w], p).unwrap().remove(0);
                 for r in 0..t {
-                    let one = dense_matmuls_t(&x.slice_axis(0, r, r + 1).unwrap(), &[w]).unwrap().remove(0);
+                    let one = dense_matmuls_t(&x.slice_axis(0, r, r + 1).unwrap(), &[w], p).unwrap().remove(0);
                     let row = all.slice_axis(0, r, r + 1).unwrap();
                     prop_assert_eq!(bits_of(&one), bits_of(&row), "n {} k {} t {}: row {}", n, k, t, r);
                 }
@@ -113,25 +110,25 @@ proptest! {
         t in 1..=12i32,
         seed in any::<u64>(),
     ) {
-        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let p = &KernelPolicy::all_on();
         let k = 32 * blocks;
         let ws = weights(&ns, k, seed);
         let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 11)).unwrap();
-        let all = dense_matmuls_t(&x, &ws.iter().collect::<Vec<_>>()).unwrap();
+        let all = dense_matmuls_t(&x, &ws.iter().collect::<Vec<_>>(), p).unwrap();
         prop_assert_eq!(all.len(), ws.len());
         for (w, got) in ws.iter().zip(&all) {
-            prop_assert_eq!(bits_of(got), bits_of(&dense_matmuls_t(&x, &[w]).unwrap()[0]));
+            prop_assert_eq!(bits_of(got), bits_of(&dense_matmuls_t(&x, &[w], p).unwrap()[0]));
         }
         let up = weights(&[ns[0]], k, seed ^ 99).remove(0);
-        let fused = dense_swiglu_t(&x, &ws[0], &up).unwrap();
+        let fused = dense_swiglu_t(&x, &ws[0], &up, p).unwrap();
         let g = &all[0];
-        let u = dense_matmuls_t(&x, &[&up]).unwrap().remove(0);
+        let u = dense_matmuls_t(&x, &[&up], p).unwrap().remove(0);
         let want = g.multiply(&g.sigmoid().unwrap()).unwrap().multiply(&u).unwrap().to_vec::<f32>().unwrap();
         for (i, (a, b)) in fused.to_vec::<f32>().unwrap().iter().zip(&want).enumerate() {
             prop_assert!((a - b).abs() <= 1e-5 * b.abs() + 1e-6, "element {}: fused {} vs MLX ops {}", i, a, b);
         }
         for r in 0..t {
-            let one = dense_swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &ws[0], &up).unwrap();
+            let one = dense_swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &ws[0], &up, p).unwrap();
             prop_assert_eq!(bits_of(&one), bits_of(&fused.slice_axis(0, r, r + 1).unwrap()), "row {} of {}", r, t);
         }
     }
@@ -139,58 +136,58 @@ proptest! {
 
 #[test]
 fn bad_inputs_are_errors_naming_the_problem() {
+    let p = &KernelPolicy::all_on();
     let x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
     let w = Array::ones(&[8, 64], Dtype::Float32).unwrap();
     let err = |r: mlx_core::Result<Vec<Array>>| r.unwrap_err().to_string();
-    let e = err(dense_matmuls_t(&x, &[&w.astype(Dtype::Float16).unwrap()]));
+    let e = err(dense_matmuls_t(&x, &[&w.astype(Dtype::Float16).unwrap()], p));
     assert!(e.contains("cpu_dense_matmuls") && e.contains("float32"), "{e}");
     let e = err(dense_matmuls_t(
         &Array::ones(&[1, 48], Dtype::Float32).unwrap(),
         &[&Array::ones(&[8, 48], Dtype::Float32).unwrap()],
+        p,
     ));
     assert!(e.contains("multiple of 32"), "{e}");
-    let e = err(dense_matmuls_t(&Array::ones(&[1, 32], Dtype::Float32).unwrap(), &[&w]));
+    let e = err(dense_matmuls_t(&Array::ones(&[1, 32], Dtype::Float32).unwrap(), &[&w], p));
     assert!(e.contains("must end in K = 64"), "{e}");
-    let e = err(dense_matmuls_t(&x.astype(Dtype::Bfloat16).unwrap(), &[&w]));
+    let e = err(dense_matmuls_t(&x.astype(Dtype::Bfloat16).unwrap(), &[&w], p));
     assert!(e.contains("x must be float32"), "{e}");
-    assert!(dense_matmuls_t(&x, &[]).is_err());
-    let e = dense_swiglu_t(&x, &w, &Array::ones(&[16, 64], Dtype::Float32).unwrap()).unwrap_err().to_string();
+    assert!(dense_matmuls_t(&x, &[], p).is_err());
+    let e = dense_swiglu_t(&x, &w, &Array::ones(&[16, 64], Dtype::Float32).unwrap(), p).unwrap_err().to_string();
     assert!(e.contains("cpu_dense_swiglu") && e.contains("same number of rows"), "{e}");
 }
 
 #[test]
 fn dense_applies_to_short_float32_inputs_only() {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let p = &KernelPolicy::all_on();
     let w = Array::ones(&[8, 64], Dtype::Float32).unwrap();
     let x = |rows: i32, k: i32, d: Dtype| Array::ones(&[1, rows, k], d).unwrap();
     let max = cpu_quant::DENSE_MAX_ROWS as i32;
-    assert!(cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32)));
-    assert!(cpu_quant::dense_applies(&w, &x(max, 64, Dtype::Float32)));
-    assert!(!cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32)), "prefill stays with BLAS");
-    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Bfloat16)));
-    assert!(!cpu_quant::dense_applies(&w.astype(Dtype::Float16).unwrap(), &x(1, 64, Dtype::Float32)));
+    assert!(cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32), p));
+    assert!(cpu_quant::dense_applies(&w, &x(max, 64, Dtype::Float32), p));
+    assert!(!cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32), p), "prefill stays with BLAS");
+    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Bfloat16), p));
+    assert!(!cpu_quant::dense_applies(&w.astype(Dtype::Float16).unwrap(), &x(1, 64, Dtype::Float32), p));
     let w48 = Array::ones(&[8, 48], Dtype::Float32).unwrap();
-    assert!(!cpu_quant::dense_applies(&w48, &x(1, 48, Dtype::Float32)), "K must be a multiple of 32");
-    let prev = cpu_quant::set_dense_enabled(false);
-    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32)));
-    cpu_quant::set_dense_enabled(prev);
+    assert!(!cpu_quant::dense_applies(&w48, &x(1, 48, Dtype::Float32), p), "K must be a multiple of 32");
+    let off = &KernelPolicy { dense: false, ..KernelPolicy::all_on() };
+    assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32), off));
 }
 
 #[test]
 fn auto_takes_the_kernel_for_short_inputs_and_blas_for_long_ones() {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     let w = &weights(&[40], 64, 5)[0];
     for rows in [1, cpu_quant::DENSE_MAX_ROWS as i32 + 8] {
         let x = uniform(-1.0, 1.0, &[rows, 64], Dtype::Float32, &Key::new(6)).unwrap();
-        let before = cpu_quant::calls();
-        let got = cpu_quant::dense_matmul_t_auto(&x, w).unwrap();
-        let want = if cpu_quant::dense_applies(w, &x) {
-            dense_matmuls_t(&x, &[w]).unwrap().remove(0)
+        let p = &KernelPolicy::all_on();
+        let got = cpu_quant::dense_matmul_t_auto(&x, w, p).unwrap();
+        let want = if cpu_quant::dense_applies(w, &x, p) {
+            dense_matmuls_t(&x, &[w], p).unwrap().remove(0)
         } else {
             x.matmul(&w.t().unwrap()).unwrap()
         };
         assert_eq!(bits_of(&got), bits_of(&want), "{rows} rows");
-        let kernel = cpu_quant::calls() > before;
+        let kernel = p.calls().dense > 0;
         assert_eq!(kernel, rows as usize <= cpu_quant::DENSE_MAX_ROWS, "{rows} rows: kernel used = {kernel}");
     }
 }

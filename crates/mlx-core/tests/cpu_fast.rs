@@ -12,12 +12,8 @@
 //! `mean` does.
 use mlx_core::fast::{Rope, rms_norm};
 use mlx_core::random::{Key, uniform};
-use mlx_core::{Array, Dtype, cpu_fast};
+use mlx_core::{Array, Dtype, KernelPolicy, cpu_fast};
 use proptest::prelude::*;
-use std::sync::Mutex;
-
-/// `cpu_fast::set_enabled` and the call counter are process-wide: one test at a time.
-static SETTINGS: Mutex<()> = Mutex::new(());
 
 fn rand(shape: &[i32], seed: u64) -> Array {
     uniform(-2.0, 2.0, shape, Dtype::Float32, &Key::new(seed)).unwrap()
@@ -29,14 +25,14 @@ fn input(b: i32, h: i32, l: i32, d: i32, strided: bool, seed: u64) -> Array {
     if strided { rand(&[b, l, h, d], seed).transpose(&[0, 2, 1, 3]).unwrap() } else { rand(&[b, h, l, d], seed) }
 }
 
-/// Ours and MLX's values of `f` (ours first), checking that ours ran as one kernel call.
-fn both(f: impl Fn() -> Array) -> (Vec<f32>, Vec<f32>) {
-    let before = cpu_fast::calls();
-    let ours = f().to_vec::<f32>().unwrap();
-    assert_eq!(cpu_fast::calls(), before + 1, "the fused kernel ran once");
-    let prev = cpu_fast::set_enabled(false);
-    let theirs = f().to_vec::<f32>().unwrap();
-    cpu_fast::set_enabled(prev);
+/// Ours and MLX's values of `f` (ours first: `f` under a policy with the kernels on, then
+/// under one with them off), checking that ours was one kernel node.
+fn both(f: impl Fn(&KernelPolicy) -> Array) -> (Vec<f32>, Vec<f32>) {
+    let (on, off) = (KernelPolicy::all_on(), KernelPolicy::mlx());
+    let ours = f(&on).to_vec::<f32>().unwrap();
+    assert_eq!(on.calls().fast, 1, "the fused kernel ran once");
+    let theirs = f(&off).to_vec::<f32>().unwrap();
+    assert_eq!(off.calls().fast, 0, "the kernels off: MLX's ops");
     (ours, theirs)
 }
 
@@ -53,15 +49,15 @@ proptest! {
         b in 1..3i32, h in 1..4i32, l in 1..6i32, d in prop_oneof![Just(1), Just(7), Just(64), Just(576)],
         weighted: bool, strided: bool, eps in prop_oneof![Just(1e-5f32), Just(1e-6f32)], seed: u64,
     ) {
-        let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let on = KernelPolicy::all_on();
         let x = input(b, h, l, d, strided, seed);
         let w = rand(&[d], seed ^ 1);
         let w = weighted.then_some(&w);
-        let (ours, theirs) = both(|| rms_norm(&x, w, eps).unwrap());
+        let (ours, theirs) = both(|p| rms_norm(&x, w, eps, p).unwrap());
         prop_assert_eq!(&ours, &theirs, "rms_norm: ours vs MLX");
         // Each row alone gives the same bits as within the call.
-        let alone = rms_norm(&x.slice_axis(2, l - 1, l).unwrap(), w, eps).unwrap();
-        let all = rms_norm(&x, w, eps).unwrap();
+        let alone = rms_norm(&x.slice_axis(2, l - 1, l).unwrap(), w, eps, &on).unwrap();
+        let all = rms_norm(&x, w, eps, &on).unwrap();
         prop_assert_eq!(rows(&all, l - 1, l), alone.to_vec::<f32>().unwrap());
     }
 
@@ -72,7 +68,7 @@ proptest! {
         base in prop_oneof![Just(10000f32), Just(1e5f32), Just(1e6f32)],
         scale in prop_oneof![Just(1f32), Just(0.25f32)], offset in 0..3000i32, strided: bool, seed: u64,
     ) {
-        let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let on = KernelPolicy::all_on();
         let dims = d / part / 2 * 2;
         let freqs = with_freqs.then(|| {
             let f: Vec<f32> = (0..dims / 2).map(|i| base.powf(2.0 * i as f32 / dims as f32) * (1.0 + (i % 3) as f32)).collect();
@@ -80,12 +76,12 @@ proptest! {
         });
         let rope = Rope { dims, traditional, base, scale, freqs };
         let x = input(b, h, l, d, strided, seed);
-        let (ours, theirs) = both(|| rope.apply(&x, offset).unwrap());
+        let (ours, theirs) = both(|p| rope.apply(&x, offset, p).unwrap());
         prop_assert_eq!(&ours, &theirs, "rope: ours vs MLX");
         // A window's row l equals a one-row call at position offset + l.
-        let all = rope.apply(&x, offset).unwrap();
+        let all = rope.apply(&x, offset, &on).unwrap();
         for r in [0, l / 2, l - 1] {
-            let alone = rope.apply(&x.slice_axis(2, r, r + 1).unwrap(), offset + r).unwrap();
+            let alone = rope.apply(&x.slice_axis(2, r, r + 1).unwrap(), offset + r, &on).unwrap();
             prop_assert_eq!(rows(&all, r, r + 1), alone.to_vec::<f32>().unwrap(), "row {}", r);
         }
     }
@@ -93,7 +89,6 @@ proptest! {
 
 #[test]
 fn bad_inputs_are_errors_naming_the_problem() {
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     let x = rand(&[1, 2, 3, 8], 1);
     let err = cpu_fast::rms_norm(&x, Some(&rand(&[4], 2)), 1e-5).unwrap_err().to_string();
     assert!(err.contains("weight must be float32 [8]") && err.contains("(4)"), "{err}");
@@ -113,13 +108,12 @@ fn bad_inputs_are_errors_naming_the_problem() {
 
 #[test]
 fn other_dtypes_keep_mlx_path() {
-    let _g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let on = KernelPolicy::all_on();
     let x = rand(&[2, 3, 16], 5).astype(Dtype::Bfloat16).unwrap();
-    let before = cpu_fast::calls();
-    let y = rms_norm(&x, None, 1e-5).unwrap();
+    let y = rms_norm(&x, None, 1e-5, &on).unwrap();
     assert_eq!(y.dtype(), Dtype::Bfloat16);
     y.eval().unwrap();
-    let r = Rope { dims: 16, traditional: false, base: 1e4, scale: 1.0, freqs: None }.apply(&x, 3).unwrap();
+    let r = Rope { dims: 16, traditional: false, base: 1e4, scale: 1.0, freqs: None }.apply(&x, 3, &on).unwrap();
     r.eval().unwrap();
-    assert_eq!(cpu_fast::calls(), before, "bf16 goes to MLX's own ops");
+    assert_eq!(on.calls().fast, 0, "bf16 goes to MLX's own ops");
 }

@@ -9,12 +9,9 @@
 use mlx_core::cpu_quant::{self, quantized_matmul_t};
 use mlx_core::quant::{self, QuantSpec};
 use mlx_core::random::{Key, normal, uniform};
-use mlx_core::{Array, Dtype};
+use mlx_core::settings::Isa;
+use mlx_core::{Array, Dtype, KernelPolicy};
 use proptest::prelude::*;
-use std::sync::Mutex;
-
-/// The ISA and thread settings are process-wide: one test at a time changes them.
-static SETTINGS: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -27,7 +24,7 @@ struct Case {
     seed: u64,
 }
 
-fn check(c: &Case) -> Result<(), TestCaseError> {
+fn check(c: &Case, p: &KernelPolicy) -> Result<(), TestCaseError> {
     let k = c.gs * c.groups;
     let spec = QuantSpec::new(c.gs, c.bits).unwrap();
     let w = normal(&[c.n, k], Dtype::Float32, 0.0, 0.5, &Key::new(c.seed)).unwrap();
@@ -43,7 +40,7 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
         s.push(k);
         uniform(-1.0, 1.0, &s, Dtype::Float32, &Key::new(c.seed ^ 7)).unwrap()
     };
-    let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec).unwrap();
+    let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
     let mlx = q.matmul_t(&x).unwrap();
     let mut want_shape = c.batch.clone();
     want_shape.push(c.n);
@@ -89,73 +86,67 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
         })
 }
 
-fn run(isa: &str, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    let prev_isa = cpu_quant::limit_isa(isa).unwrap();
-    let prev_threads = cpu_quant::threads();
-    cpu_quant::set_threads(threads);
+fn run(isa: Isa, threads: usize, max_n: i32, max_groups: i32, n_cases: u32) {
+    let policy = KernelPolicy::all_on().with_isa(isa).with_threads(threads);
     let mut runner =
         proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: n_cases, ..Default::default() });
-    let result = runner.run(&cases(max_n, max_groups), |c| check(&c));
-    cpu_quant::limit_isa(&prev_isa).unwrap();
-    cpu_quant::set_threads(prev_threads);
-    result.unwrap_or_else(|e| panic!("isa {isa} (in use: {}), threads {threads}: {e}", cpu_quant::isa()));
+    let result = runner.run(&cases(max_n, max_groups), |c| check(&c, &policy));
+    result.unwrap_or_else(|e| panic!("isa {isa} (in use: {}), threads {threads}: {e}", policy.isa()));
 }
 
 #[test]
 fn best_kernel_one_thread_matches_mlx() {
-    run("avx512f", 1, 70, 7, 96);
+    run(Isa::Avx512f, 1, 70, 7, 96);
 }
 
 #[test]
 fn best_kernel_all_threads_matches_mlx() {
     // large enough products to be split over threads (N * K >= 32768)
-    run("avx512f", 2, 400, 9, 24);
+    run(Isa::Avx512f, 2, 400, 9, 24);
 }
 
 #[test]
 fn avx2_kernel_matches_mlx() {
-    run("avx2+fma", 2, 300, 7, 48);
+    run(Isa::Avx2Fma, 2, 300, 7, 48);
 }
 
 #[test]
 fn portable_kernel_matches_mlx() {
-    run("portable", 2, 300, 7, 48);
+    run(Isa::Portable, 2, 300, 7, 48);
 }
 
 #[test]
 fn isa_is_reported_and_can_be_capped() {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    assert!(cpu_quant::ISAS.contains(&cpu_quant::isa().as_str()), "{}", cpu_quant::isa());
-    let prev = cpu_quant::limit_isa("portable").unwrap();
-    assert_eq!(cpu_quant::isa(), "portable");
-    let e = cpu_quant::limit_isa("sse9").unwrap_err().to_string();
-    assert!(e.contains("unknown instruction set 'sse9'"), "{e}");
-    cpu_quant::limit_isa(&prev).unwrap();
+    let best = KernelPolicy::all_on().isa();
+    assert!(Isa::ALL.iter().any(|i| i.name() == best), "{best}");
+    assert_eq!(KernelPolicy::all_on().with_isa(Isa::Portable).isa(), "portable");
+    assert_eq!(Isa::parse("sse9"), None);
+    assert_eq!(Isa::parse("avx2"), Some(Isa::Avx2Fma));
 }
 
 #[test]
 fn bad_inputs_are_errors_naming_the_problem() {
+    let p = &KernelPolicy::all_on();
     let w = normal(&[8, 64], Dtype::Float32, 0.0, 1.0, &Key::new(1)).unwrap();
     let q = quant::quantize(&w, QuantSpec::new(32, 4).unwrap()).unwrap();
     let x = Array::ones(&[2, 64], Dtype::Float32).unwrap();
     // wrong K
     let bad = Array::ones(&[2, 32], Dtype::Float32).unwrap();
-    let e = quantized_matmul_t(&bad, &q.weight, &q.scales, &q.biases, q.spec).unwrap_err().to_string();
+    let e = quantized_matmul_t(&bad, &q.weight, &q.scales, &q.biases, q.spec, p).unwrap_err().to_string();
     assert!(e.contains("must end in K = 64"), "{e}");
     // unsupported bits
     let q3 = quant::quantize(&w, QuantSpec::new(32, 3).unwrap()).unwrap();
-    let e = quantized_matmul_t(&x, &q3.weight, &q3.scales, &q3.biases, q3.spec).unwrap_err().to_string();
+    let e = quantized_matmul_t(&x, &q3.weight, &q3.scales, &q3.biases, q3.spec, p).unwrap_err().to_string();
     assert!(e.contains("bits must be 4 or 8"), "{e}");
     assert!(!cpu_quant::supports(&q3, Dtype::Float32));
     // f16 activations are not taken (the layer falls back to MLX's kernel)
     assert!(!cpu_quant::supports(&q, Dtype::Float16));
-    let e = quantized_matmul_t(&x.astype(Dtype::Float16).unwrap(), &q.weight, &q.scales, &q.biases, q.spec)
+    let e = quantized_matmul_t(&x.astype(Dtype::Float16).unwrap(), &q.weight, &q.scales, &q.biases, q.spec, p)
         .unwrap_err()
         .to_string();
     assert!(e.contains("float32"), "{e}");
     // scales of another shape
-    let e = quantized_matmul_t(&x, &q.weight, &q.scales.slice_axis(0, 0, 4).unwrap(), &q.biases, q.spec)
+    let e = quantized_matmul_t(&x, &q.weight, &q.scales.slice_axis(0, 0, 4).unwrap(), &q.biases, q.spec, p)
         .unwrap_err()
         .to_string();
     assert!(e.contains("needs scales and biases (8,2)"), "{e}");
@@ -163,21 +154,27 @@ fn bad_inputs_are_errors_naming_the_problem() {
 
 #[test]
 fn auto_falls_back_to_mlx_for_other_dtypes() {
+    let p = &KernelPolicy::all_on();
     let w = normal(&[16, 64], Dtype::Float32, 0.0, 1.0, &Key::new(3)).unwrap();
     let q = quant::quantize(&w, QuantSpec::new(64, 4).unwrap()).unwrap();
     let x = Array::ones(&[1, 64], Dtype::Float16).unwrap();
-    let a = q.matmul_t_auto(&x).unwrap();
+    let a = q.matmul_t_auto(&x, p).unwrap();
     let b = q.matmul_t(&x).unwrap();
     assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    assert_eq!(p.calls().qmm, 0, "f16 activations stay with MLX's kernel");
+    let f32_x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
+    q.matmul_t_auto(&f32_x, p).unwrap();
+    assert_eq!(p.calls().qmm, 1, "f32 activations take the kernel");
+    q.matmul_t_auto(&f32_x, &KernelPolicy { qmm: false, ..p.clone() }).unwrap();
+    assert_eq!(p.calls().qmm, 1, "a policy with the kernel off keeps MLX's");
 }
 
 /// A row of a T-row product equals the one-row product of that row bit for bit, on every
 /// instruction-set path: verify windows see exactly the logits of one-token steps.
 #[test]
 fn rows_do_not_depend_on_the_window_size() {
-    let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
-    for isa in cpu_quant::ISAS {
-        let prev = cpu_quant::limit_isa(isa).unwrap();
+    for isa in Isa::ALL {
+        let p = &KernelPolicy::all_on().with_isa(isa);
         let mut runner =
             proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: 24, ..Default::default() });
         let strategy = (
@@ -194,18 +191,18 @@ fn rows_do_not_depend_on_the_window_size() {
             let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed)).unwrap();
             let q = quant::quantize(&w, spec).unwrap();
             let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 3)).unwrap();
-            let all = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec).unwrap().to_vec::<f32>().unwrap();
+            let all =
+                quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
             for r in 0..t {
                 let xr = x.slice_axis(0, r, r + 1).unwrap();
                 let one =
-                    quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec).unwrap().to_vec::<f32>().unwrap();
+                    quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
                 let row = &all[(r * n) as usize..((r + 1) * n) as usize];
                 let same = row.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits());
                 prop_assert!(same, "bits {bits} gs {gs} n {n} k {k} t {t}: row {r} differs from its one-row product");
             }
             Ok(())
         });
-        cpu_quant::limit_isa(&prev).unwrap();
         result.unwrap_or_else(|e| panic!("isa {isa}: {e}"));
     }
 }
@@ -240,14 +237,14 @@ proptest! {
         t in 1..=16i32,
         seed in any::<u64>(),
     ) {
-        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let p = &KernelPolicy::all_on();
         let spec = QuantSpec::new(gs, bits).unwrap();
         let (mats, x) = mats_and_x(spec, &ns, gs * groups, t, seed);
         let refs: Vec<_> = mats.iter().collect();
-        let all = cpu_quant::quantized_matmuls_t(&x, &refs).unwrap();
+        let all = cpu_quant::quantized_matmuls_t(&x, &refs, p).unwrap();
         prop_assert_eq!(all.len(), mats.len());
         for (m, got) in mats.iter().zip(&all) {
-            let one = quantized_matmul_t(&x, &m.weight, &m.scales, &m.biases, spec).unwrap();
+            let one = quantized_matmul_t(&x, &m.weight, &m.scales, &m.biases, spec, p).unwrap();
             prop_assert_eq!(got.shape(), one.shape());
             prop_assert_eq!(bits_of(got), bits_of(&one));
         }
@@ -264,20 +261,20 @@ proptest! {
         t in 1..=12i32,
         seed in any::<u64>(),
     ) {
-        let _one = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let p = &KernelPolicy::all_on();
         let spec = QuantSpec::new(gs, bits).unwrap();
         let (mats, x) = mats_and_x(spec, &[n, n], gs * groups, t, seed);
-        let fused = cpu_quant::swiglu_t(&x, &mats[0], &mats[1]).unwrap();
+        let fused = cpu_quant::swiglu_t(&x, &mats[0], &mats[1], p).unwrap();
         prop_assert_eq!(fused.shape(), vec![t, n]);
-        let g = quantized_matmul_t(&x, &mats[0].weight, &mats[0].scales, &mats[0].biases, spec).unwrap();
-        let u = quantized_matmul_t(&x, &mats[1].weight, &mats[1].scales, &mats[1].biases, spec).unwrap();
+        let g = quantized_matmul_t(&x, &mats[0].weight, &mats[0].scales, &mats[0].biases, spec, p).unwrap();
+        let u = quantized_matmul_t(&x, &mats[1].weight, &mats[1].scales, &mats[1].biases, spec, p).unwrap();
         let want = g.multiply(&g.sigmoid().unwrap()).unwrap().multiply(&u).unwrap().to_vec::<f32>().unwrap();
         let got = fused.to_vec::<f32>().unwrap();
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             prop_assert!((a - b).abs() <= 1e-5 * b.abs() + 1e-6, "element {}: fused {} vs MLX ops {}", i, a, b);
         }
         for r in 0..t {
-            let one = cpu_quant::swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &mats[0], &mats[1]).unwrap();
+            let one = cpu_quant::swiglu_t(&x.slice_axis(0, r, r + 1).unwrap(), &mats[0], &mats[1], p).unwrap();
             let row = fused.slice_axis(0, r, r + 1).unwrap();
             prop_assert_eq!(bits_of(&one), bits_of(&row), "row {} of {}", r, t);
         }
@@ -286,12 +283,13 @@ proptest! {
 
 #[test]
 fn several_products_need_one_spec_and_swiglu_two_equal_matrices() {
+    let p = &KernelPolicy::all_on();
     let x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
     let (a, _) = mats_and_x(QuantSpec::new(32, 4).unwrap(), &[8], 64, 1, 1);
     let (b, _) = mats_and_x(QuantSpec::new(64, 4).unwrap(), &[8, 16], 64, 1, 2);
-    let e = cpu_quant::quantized_matmuls_t(&x, &[&a[0], &b[0]]).unwrap_err().to_string();
+    let e = cpu_quant::quantized_matmuls_t(&x, &[&a[0], &b[0]], p).unwrap_err().to_string();
     assert!(e.contains("need one spec"), "{e}");
-    assert!(cpu_quant::quantized_matmuls_t(&x, &[]).is_err());
-    let e = cpu_quant::swiglu_t(&x, &b[0], &b[1]).unwrap_err().to_string();
+    assert!(cpu_quant::quantized_matmuls_t(&x, &[], p).is_err());
+    let e = cpu_quant::swiglu_t(&x, &b[0], &b[1], p).unwrap_err().to_string();
     assert!(e.contains("same number of rows"), "{e}");
 }

@@ -74,20 +74,21 @@ fn rms_norm_with_and_without_weight() {
     let xa = arr(&x, &[3, 4, h as i32]);
     let wa = arr(&w, &[h as i32]);
     for eps in [1e-5f32, 1e-2] {
-        let r = fast::rms_norm(&xa, Some(&wa), eps).unwrap();
+        let r = fast::rms_norm(&xa, Some(&wa), eps, &KernelPolicy::default()).unwrap();
         assert_eq!(r.shape(), vec![3, 4, h as i32]);
         assert_eq!(r.dtype(), Dtype::Float32);
         assert_close(&f32s(&r), &rms_norm_ref(&x, h, Some(&w), eps as f64), TOL);
 
-        let r = fast::rms_norm(&xa, None, eps).unwrap();
+        let r = fast::rms_norm(&xa, None, eps, &KernelPolicy::default()).unwrap();
         assert_close(&f32s(&r), &rms_norm_ref(&x, h, None, eps as f64), TOL);
     }
     // A hand-checked row: [3, 4] has mean square 12.5, so with eps 0 the output is x / sqrt(12.5).
-    let r = fast::rms_norm(&arr(&[3., 4.], &[1, 2]), Some(&arr(&[1., 2.], &[2])), 0.0).unwrap();
+    let r =
+        fast::rms_norm(&arr(&[3., 4.], &[1, 2]), Some(&arr(&[1., 2.], &[2])), 0.0, &KernelPolicy::default()).unwrap();
     let s = 12.5f64.sqrt();
     assert_close(&f32s(&r), &[3.0 / s, 8.0 / s], TOL);
     // The weight must be [H].
-    assert!(fast::rms_norm(&xa, Some(&arr(&[1., 2.], &[2])), 1e-5).is_err());
+    assert!(fast::rms_norm(&xa, Some(&arr(&[1., 2.], &[2])), 1e-5, &KernelPolicy::default()).is_err());
 }
 
 #[test]
@@ -95,7 +96,7 @@ fn rms_norm_bf16_input() {
     let h = 8;
     let x = data(2 * h, 0.9);
     let xa = arr(&x, &[2, h as i32]).astype(Dtype::Bfloat16).unwrap();
-    let r = fast::rms_norm(&xa, None, 1e-5).unwrap();
+    let r = fast::rms_norm(&xa, None, 1e-5, &KernelPolicy::default()).unwrap();
     assert_eq!(r.dtype(), Dtype::Bfloat16);
     // Reference on the bf16-rounded inputs; bf16 output has about 3 significant digits.
     let xr = f32s(&xa.astype(Dtype::Float32).unwrap());
@@ -181,7 +182,7 @@ fn rope_full_dims_both_layouts() {
     let (x, xa) = rope_input();
     for traditional in [false, true] {
         let rope = Rope { dims: RD as i32, traditional, base: 10000.0, scale: 1.0, freqs: None };
-        let r = rope.apply(&xa, 0).unwrap();
+        let r = rope.apply(&xa, 0, &KernelPolicy::default()).unwrap();
         assert_eq!(r.shape(), xa.shape());
         let want = rope_ref(&x, RL, RD, RD, traditional, 10000.0, 1.0, 0, None);
         assert_close(&f32s(&r), &want, TOL);
@@ -189,7 +190,10 @@ fn rope_full_dims_both_layouts() {
     // The two layouts really differ (so the test above tells them apart).
     let a = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
     let b = Rope { traditional: true, ..a.clone() };
-    let (ra, rb) = (f32s(&a.apply(&xa, 0).unwrap()), f32s(&b.apply(&xa, 0).unwrap()));
+    let (ra, rb) = (
+        f32s(&a.apply(&xa, 0, &KernelPolicy::default()).unwrap()),
+        f32s(&b.apply(&xa, 0, &KernelPolicy::default()).unwrap()),
+    );
     assert!(ra.iter().zip(&rb).any(|(p, q)| (p - q).abs() > 1e-2));
     // Position 0 is the identity.
     assert_eq!(&ra[..RD], &x[..RD]);
@@ -201,7 +205,7 @@ fn rope_with_offset_and_scale() {
     for traditional in [false, true] {
         for (offset, scale) in [(5, 1.0f32), (13, 0.25), (0, 0.5)] {
             let rope = Rope { dims: RD as i32, traditional, base: 500.0, scale, freqs: None };
-            let r = rope.apply(&xa, offset).unwrap();
+            let r = rope.apply(&xa, offset, &KernelPolicy::default()).unwrap();
             let want = rope_ref(&x, RL, RD, RD, traditional, 500.0, scale as f64, offset, None);
             assert_close(&f32s(&r), &want, TOL);
         }
@@ -209,8 +213,8 @@ fn rope_with_offset_and_scale() {
     // Offset k on row 0 equals offset 0 on row k (the KV-cache property).
     let rope = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
     let row3 = xa.slice_axis(2, 3, 4).unwrap();
-    let direct = f32s(&rope.apply(&xa, 0).unwrap().slice_axis(2, 3, 4).unwrap());
-    let shifted = f32s(&rope.apply(&row3, 3).unwrap());
+    let direct = f32s(&rope.apply(&xa, 0, &KernelPolicy::default()).unwrap().slice_axis(2, 3, 4).unwrap());
+    let shifted = f32s(&rope.apply(&row3, 3, &KernelPolicy::default()).unwrap());
     let direct64: Vec<f64> = direct.iter().map(|&v| v as f64).collect();
     assert_close(&shifted, &direct64, TOL);
 }
@@ -224,7 +228,7 @@ fn rope_custom_freqs() {
     for traditional in [false, true] {
         // `base` is ignored when freqs are given.
         let rope = Rope { dims: RD as i32, traditional, base: 12345.0, scale: 1.0, freqs: Some(fa.clone()) };
-        let r = rope.apply(&xa, 2).unwrap();
+        let r = rope.apply(&xa, 2, &KernelPolicy::default()).unwrap();
         let want = rope_ref(&x, RL, RD, RD, traditional, 0.0, 1.0, 2, Some(&freqs));
         assert_close(&f32s(&r), &want, TOL);
     }
@@ -234,12 +238,13 @@ fn rope_custom_freqs() {
     let custom =
         Rope { dims: RD as i32, traditional: false, base: 1.0, scale: 1.0, freqs: Some(arr(&std_freqs, &[4])) };
     let default = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
-    let c = f32s(&custom.apply(&xa, 1).unwrap());
-    let d: Vec<f64> = f32s(&default.apply(&xa, 1).unwrap()).iter().map(|&v| v as f64).collect();
+    let c = f32s(&custom.apply(&xa, 1, &KernelPolicy::default()).unwrap());
+    let d: Vec<f64> =
+        f32s(&default.apply(&xa, 1, &KernelPolicy::default()).unwrap()).iter().map(|&v| v as f64).collect();
     assert_close(&c, &d, TOL);
     // freqs of the wrong length are rejected.
     let bad = Rope { freqs: Some(arr(&[1., 2.], &[2])), ..custom };
-    assert!(bad.apply(&xa, 0).is_err());
+    assert!(bad.apply(&xa, 0, &KernelPolicy::default()).is_err());
 }
 
 #[test]
@@ -247,7 +252,7 @@ fn rope_partial_dims() {
     let (x, xa) = rope_input();
     for traditional in [false, true] {
         let rope = Rope { dims: 4, traditional, base: 10000.0, scale: 1.0, freqs: None };
-        let r = f32s(&rope.apply(&xa, 1).unwrap());
+        let r = f32s(&rope.apply(&xa, 1, &KernelPolicy::default()).unwrap());
         let want = rope_ref(&x, RL, RD, 4, traditional, 10000.0, 1.0, 1, None);
         assert_close(&r, &want, TOL);
         // Features 4.. pass through unchanged.
@@ -259,10 +264,10 @@ fn rope_partial_dims() {
     let freqs = [2.0f32, 50.0];
     let rope = Rope { dims: 4, traditional: false, base: 10000.0, scale: 1.0, freqs: Some(arr(&freqs, &[2])) };
     let want = rope_ref(&x, RL, RD, 4, false, 0.0, 1.0, 4, Some(&freqs));
-    assert_close(&f32s(&rope.apply(&xa, 4).unwrap()), &want, TOL);
+    assert_close(&f32s(&rope.apply(&xa, 4, &KernelPolicy::default()).unwrap()), &want, TOL);
     // dims > D or odd dims are errors.
     let too_big = Rope { dims: 10, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
-    let e = too_big.apply(&xa, 0).unwrap_err();
+    let e = too_big.apply(&xa, 0, &KernelPolicy::default()).unwrap_err();
     assert!(e.to_string().starts_with("rope: "), "{e}");
 }
 
@@ -273,7 +278,7 @@ fn rope_3d_input() {
     let xa = arr(&x, &[2, 5, 6]);
     let rope = Rope { dims: 6, traditional: true, base: 100.0, scale: 1.0, freqs: None };
     let want = rope_ref(&x, 5, 6, 6, true, 100.0, 1.0, 7, None);
-    assert_close(&f32s(&rope.apply(&xa, 7).unwrap()), &want, TOL);
+    assert_close(&f32s(&rope.apply(&xa, 7, &KernelPolicy::default()).unwrap()), &want, TOL);
 }
 
 // ---------------------------------------------------------------- attention
@@ -355,7 +360,15 @@ fn sdpa_no_mask() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 9, ..MHA }, Dims { dv: 6, ..MHA }] {
         let t = qkv(s);
         let scale = 1.0 / (s.d as f32).sqrt();
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::None).unwrap();
+        let r = fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::None,
+            &KernelPolicy::default(),
+        )
+        .unwrap();
         assert_eq!(r.shape(), vec![s.b as i32, s.hq as i32, s.lq as i32, s.dv as i32]);
         let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, _, _| 0.0);
         assert_close(&f32s(&r), &want, TOL);
@@ -368,7 +381,15 @@ fn sdpa_causal_with_shorter_queries() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 4, ..MHA }] {
         let t = qkv(s);
         let scale = 0.3;
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal).unwrap();
+        let r = fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::Causal,
+            &KernelPolicy::default(),
+        )
+        .unwrap();
         let off = s.lk - s.lq;
         let want = sdpa_ref(
             &t.q,
@@ -382,8 +403,14 @@ fn sdpa_causal_with_shorter_queries() {
     }
     // The causal result differs from the unmasked one (the mask is really applied).
     let t = qkv(MHA);
-    let c = f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::Causal).unwrap());
-    let n = f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::None).unwrap());
+    let c = f32s(
+        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::Causal, &KernelPolicy::default())
+            .unwrap(),
+    );
+    let n = f32s(
+        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::None, &KernelPolicy::default())
+            .unwrap(),
+    );
     assert!(c.iter().zip(&n).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
@@ -403,14 +430,30 @@ fn sdpa_additive_float_mask() {
     }
     let ma = arr(&m, &[s.b as i32, 1, s.lq as i32, s.lk as i32]);
     let scale = 0.35;
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma)).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, _, i, j| m[(b * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 
     // A [Lq, Lk] mask broadcasts over batch and heads.
     let m2: Vec<f32> = (0..s.lq * s.lk).map(|n| (n as f32 * 0.37).cos()).collect();
     let m2a = arr(&m2, &[s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&m2a)).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&m2a),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, i, j| m2[i * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 }
@@ -424,7 +467,15 @@ fn sdpa_boolean_mask() {
     let bytes: Vec<u8> = keep.iter().map(|&b| b as u8).collect();
     let ma = Array::from_bytes(&bytes, &[s.lq as i32, s.lk as i32], Dtype::Bool).unwrap();
     let scale = 0.4;
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma)).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want = sdpa_ref(
         &t.q,
         &t.k,
@@ -442,9 +493,20 @@ fn sdpa_boolean_mask() {
     let qi = Array::arange(0.0, s.lq as f64, 1.0, Dtype::Int32).unwrap().reshape(&[s.lq as i32, 1]).unwrap();
     let kj = Array::arange(0.0, s.lk as f64, 1.0, Dtype::Int32).unwrap();
     let causal = kj.less_equal(&qi.add(&Array::scalar_as(off as f64, Dtype::Int32).unwrap()).unwrap()).unwrap();
-    let by_mask =
-        f32s(&fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&causal)).unwrap());
-    let by_mode = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal).unwrap();
+    let by_mask = f32s(
+        &fast::scaled_dot_product_attention(
+            &t.qa,
+            &t.ka,
+            &t.va,
+            scale,
+            AttentionMask::Array(&causal),
+            &KernelPolicy::default(),
+        )
+        .unwrap(),
+    );
+    let by_mode =
+        fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal, &KernelPolicy::default())
+            .unwrap();
     let by_mask64: Vec<f64> = by_mask.iter().map(|&v| v as f64).collect();
     assert_close(&f32s(&by_mode), &by_mask64, TOL);
 }
@@ -457,7 +519,7 @@ fn sdpa_grouped_query_attention() {
     let scale = 1.0 / (s.d as f32).sqrt();
     for causal in [false, true] {
         let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, mask).unwrap();
+        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, mask, &KernelPolicy::default()).unwrap();
         assert_eq!(r.shape(), vec![2, 4, 3, 8]);
         let off = s.lk - s.lq;
         let want =
@@ -476,12 +538,21 @@ fn sdpa_grouped_query_attention() {
     // With a float mask [B, Hq, Lq, Lk] that differs per head.
     let m: Vec<f32> = (0..s.b * s.hq * s.lq * s.lk).map(|n| (n as f32 * 0.61).sin()).collect();
     let ma = arr(&m, &[s.b as i32, s.hq as i32, s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Array(&ma)).unwrap();
+    let r = fast::scaled_dot_product_attention(
+        &t.qa,
+        &t.ka,
+        &t.va,
+        scale,
+        AttentionMask::Array(&ma),
+        &KernelPolicy::default(),
+    )
+    .unwrap();
     let want =
         sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, h, i, j| m[((b * s.hq + h) * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
     // Head counts that do not divide are rejected.
     let bad = arr(&data(2 * 3 * 6 * 8, 0.0), &[2, 3, 6, 8]);
-    let e = fast::scaled_dot_product_attention(&t.qa, &bad, &bad, scale, AttentionMask::None).unwrap_err();
+    let e = fast::scaled_dot_product_attention(&t.qa, &bad, &bad, scale, AttentionMask::None, &KernelPolicy::default())
+        .unwrap_err();
     assert!(e.to_string().starts_with("scaled_dot_product_attention: "), "{e}");
 }

@@ -7,9 +7,10 @@
 //   - "openblas": libopenblas.so.0 (Debian's libopenblas0-pthread), loaded with dlopen at the
 //     first call; about 50x the reference BLAS on sgemm on the machines we measured;
 //   - "reference": the netlib reference CBLAS bundled in the wheel (mlx_cpu.libs/libblas-*).
-// The default is OpenBLAS when it can be loaded, else the reference; `MLX_SPEC_BLAS` =
-// `openblas` | `reference` | an absolute path to another CBLAS library overrides it, and
-// `blas_select` switches at run time (benchmarks compare both in one process).
+// The default is OpenBLAS when it can be loaded, else the reference; `blas_select` switches
+// at run time (benchmarks compare both in one process). mlx-core's settings module calls it
+// for `MLX_SPEC_BLAS` = `openblas` | `reference` | an absolute path to another CBLAS library
+// before its first evaluation; nothing here reads the environment.
 // Without OpenBLAS on the machine nothing fails: the reference BLAS is used.
 //
 // Matrix-vector shapes: MLX sends every f32 product to cblas_sgemm, including M = 1 (one
@@ -17,7 +18,7 @@
 // matrix for those shapes (about 4 GB/s here, where sgemv reads the same matrix at 14 GB/s),
 // so the switch rewrites them as one cblas_sgemv of the same provider with the transposes and
 // strides that compute the same product (`route_gemv`). `blas_set_gemv_routing(false)` turns
-// the rewrite off (benchmarks compare both), as does `MLX_SPEC_GEMV=off` (or 0) at start-up;
+// the rewrite off (benchmarks compare both; mlx-core's settings call it for `MLX_SPEC_GEMV=off`);
 // `blas_gemv_calls` counts the rewritten calls.
 #include "mlx-sys/src/shim.h"
 #include "mlx-sys/src/lib.rs.h"
@@ -134,26 +135,11 @@ void ensure_selected() {
   if (g_sgemm.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_sgemm.load(std::memory_order_relaxed)) return;
-  const char* env = std::getenv("MLX_SPEC_BLAS");
-  std::string want = env && *env ? env : "auto";
-  Provider p;
-  if (want == "reference") {
-    p = reference();
-  } else if (want == "openblas" || want == "auto") {
-    p = openblas();
-  } else {
-    p = load("custom", want);
-  }
-  if (!p.sgemm && want != "auto" && want != "reference") {
-    std::fprintf(stderr,
-                 "mlx-sys: MLX_SPEC_BLAS=%s: cannot load a cblas_sgemm from it; using the reference BLAS "
-                 "(expected openblas, reference, or the path of a CBLAS library)\n",
-                 want.c_str());
-  }
+  // OpenBLAS when present, else the wheel's reference BLAS. Another choice (MLX_SPEC_BLAS)
+  // arrives from mlx-core's settings module through blas_select.
+  Provider p = openblas();
   if (!p.sgemm) p = reference();
   if (!p.sgemm) std::abort();  // the wheel's own BLAS is a dependency of libmlx: cannot be missing
-  const char* gemv = std::getenv("MLX_SPEC_GEMV");
-  if (gemv && (std::string(gemv) == "0" || std::string(gemv) == "off")) g_route_gemv.store(false);
   install(std::move(p));
 }
 
@@ -204,7 +190,8 @@ bool blas_select(rust::Str which) {
   std::string w(which);
   Provider p = w == "reference" ? reference() : w == "openblas" ? openblas() : load("custom", w);
   if (!p.sgemm) return false;
-  ensure_selected();
+  // No ensure_selected() first: a choice made before the first sgemm (mlx-core's settings)
+  // must not load the default provider (OpenBLAS starts its threads when loaded).
   std::lock_guard<std::mutex> lock(g_mutex);
   install(std::move(p));
   return true;

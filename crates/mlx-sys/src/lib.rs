@@ -279,6 +279,7 @@ pub mod ffi {
         fn blas_select(which: &str) -> bool;
         fn blas_sgemm_calls() -> u64;
 
+        #[allow(clippy::too_many_arguments)]
         fn cpu_quantized_matmul(
             x: &MxArray,
             w: &MxArray,
@@ -286,6 +287,8 @@ pub mod ffi {
             biases: &MxArray,
             group_size: i32,
             bits: i32,
+            max_isa: i32,
+            threads: i32,
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_quantized_matmuls(
             x: &MxArray,
@@ -293,13 +296,22 @@ pub mod ffi {
             group_size: i32,
             bits: i32,
             swiglu: bool,
+            max_isa: i32,
+            threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
-        fn cpu_dense_matmuls(x: &MxArray, weights: &ArrayList, swiglu: bool) -> Result<UniquePtr<ArrayList>>;
-        fn cpu_qmm_isa() -> String;
-        fn cpu_qmm_limit_isa(name: &str) -> Result<String>;
+        fn cpu_dense_matmuls(
+            x: &MxArray,
+            weights: &ArrayList,
+            swiglu: bool,
+            max_isa: i32,
+            threads: i32,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn cpu_qmm_isa(max_isa: i32) -> String;
         fn cpu_qmm_calls() -> u64;
         fn cpu_qmm_threads() -> i32;
         fn cpu_qmm_set_threads(n: i32);
+        fn cpu_pool_spin_us() -> i32;
+        fn cpu_pool_set_spin_us(us: i32);
         fn cpu_attention(q: &MxArray, k: &MxArray, v: &MxArray, scale: f32, causal: bool)
         -> Result<UniquePtr<MxArray>>;
         fn cpu_attention_calls() -> u64;

@@ -1,6 +1,8 @@
 // The persistent thread pool shared by mlx-sys's CPU kernels (quantized matmul in qmm.cc,
 // attention in attn.cc). One process-wide instance (`Pool::get()`); `threads()` defaults to
-// all cores, `MLX_SPEC_QMM_THREADS` or `set_threads` override.
+// all cores and `spin_us()` to 5 ms; mlx-core's settings module overrides both through
+// `set_threads` and `set_spin_us` (from `MLX_SPEC_QMM_THREADS` and `MLX_SPEC_POOL_SPIN_US`).
+// Nothing here reads the environment.
 #pragma once
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -23,7 +24,7 @@ namespace mlxsys {
 // from a shared counter, so the caller never waits for a worker that has not started (on a
 // busy machine a worker may be descheduled: the caller then does its chunks itself). Idle
 // workers spin, then sleep on a condition variable. After a quantized matmul they spin for
-// 5 ms (`MLX_SPEC_POOL_SPIN_US`): a quantized decode step issues a job every few tens of
+// 5 ms (`spin_us()`): a quantized decode step issues a job every few tens of
 // microseconds, and waking a sleeping worker (a futex round trip, slow under virtualization)
 // cost more than the spinning (SmolLM2 4-bit, 2 cores: a step's evaluation 31 ms with 100 us
 // of spinning, 23 ms with 5 ms). After other jobs (attention) they spin 100 us only: with
@@ -39,6 +40,19 @@ class Pool {
 
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
+  // The threads a job asking for `wanted` gets: threads() for 0, else `wanted` clamped to
+  // 1..=cores (a caller's kernel policy may ask for fewer or more than the pool default).
+  static int effective(int wanted, int fallback) {
+    if (wanted <= 0) return fallback;
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    return std::clamp(wanted, 1, std::max(1, std::min(hw > 0 ? hw : 1, 64)));
+  }
+  int threads(int wanted) const { return effective(wanted, threads()); }
+
+  // Microseconds idle workers spin after a quantized matmul before they sleep.
+  int spin_us() const { return spin_us_.load(std::memory_order_relaxed); }
+  void set_spin_us(int us) { spin_us_.store(std::max(0, us), std::memory_order_relaxed); }
+
   void set_threads(int n) {
     int hw = static_cast<int>(std::thread::hardware_concurrency());
     n = std::clamp(n, 1, std::max(1, std::min(hw > 0 ? hw : 1, 64)));
@@ -51,10 +65,10 @@ class Pool {
     kShort,  // 100 us: other work (BLAS's own threads) needs the cores in between
   };
 
-  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads() - 1
-  // workers; returns when all have finished. Jobs from two streams at once are serialized.
-  void run(int chunks, const std::function<void(int)>& fn, Linger linger = Linger::kLong) {
-    int helpers = std::min(threads(), chunks) - 1;
+  // Runs fn(0..chunks-1), each exactly once, on the calling thread and up to threads(wanted)
+  // - 1 workers; returns when all have finished. Jobs from two streams at once are serialized.
+  void run(int chunks, const std::function<void(int)>& fn, Linger linger = Linger::kLong, int wanted = 0) {
+    int helpers = std::min(threads(wanted), chunks) - 1;
     if (helpers <= 0) {
       for (int i = 0; i < chunks; ++i) fn(i);
       return;
@@ -84,19 +98,7 @@ class Pool {
  private:
   Pool() {
     int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("MLX_SPEC_QMM_THREADS")) {
-      int v = std::atoi(env);
-      if (v > 0) n = v;
-    }
     set_threads(n > 0 ? n : 1);
-  }
-
-  static int spin_us() {
-    static const int us = [] {
-      const char* e = std::getenv("MLX_SPEC_POOL_SPIN_US");
-      return e ? std::atoi(e) : 5000;
-    }();
-    return us;
   }
 
   static void pause_or_yield(int spins) {
@@ -152,6 +154,7 @@ class Pool {
   }
 
   std::atomic<int> threads_{1};
+  std::atomic<int> spin_us_{5000};
   std::mutex job_mutex_;
   std::vector<std::thread> workers_;
   const std::function<void(int)>* fn_ = nullptr;

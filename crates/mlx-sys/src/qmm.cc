@@ -13,9 +13,11 @@
 //     speculative verification sees exactly the logits of plain decoding;
 //   - uses AVX-512F, else AVX2 + FMA, when the CPU has them (runtime check with
 //     __builtin_cpu_supports; the library itself is compiled for baseline x86-64) and
-//     portable C++ otherwise (`MLX_SPEC_QMM_ISA` or `cpu_qmm_limit_isa` cap the choice);
-//   - splits the output features over a small persistent thread pool (all cores by default,
-//     `MLX_SPEC_QMM_THREADS` or `qmm_set_threads` override).
+//     portable C++ otherwise (each call's `max_isa`, from the caller's kernel policy, caps
+//     the choice);
+//   - splits the output features over a small persistent thread pool (all cores by default;
+//     `cpu_qmm_set_threads`, called by mlx-core's settings, overrides; a call's `threads`,
+//     when positive, overrides that for the call).
 //
 // Format (mlx.core.quantize, affine mode): `w [N, K * bits / 32]` uint32, element j of a word
 // in bits [j * bits, (j + 1) * bits) (little end first); `scales`, `biases` `[N, K / gs]`;
@@ -554,28 +556,16 @@ bool cpu_has_avx2() { return false; }
 bool cpu_has_avx512() { return false; }
 #endif
 
-// Instruction sets, best last; `g_max_isa` caps the choice (tests compare them).
+// Instruction sets, best last; each call's `max_isa` caps the choice (tests compare them).
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* const kIsaNames[] = {"portable", "avx2+fma", "avx512f"};
 
-int initial_max_isa() {
-  const char* e = std::getenv("MLX_SPEC_QMM_ISA");
-  if (!e) return kAvx512;
-  for (int i = kPortable; i <= kAvx512; ++i) {
-    if (std::string(e) == kIsaNames[i] || (i == kAvx2 && std::string(e) == "avx2") ||
-        (i == kAvx512 && std::string(e) == "avx512")) {
-      return i;
-    }
-  }
-  return kAvx512;
-}
-
-std::atomic<int> g_max_isa{initial_max_isa()};
 std::atomic<uint64_t> g_calls{0};
 
-int isa() {
+// The best instruction set the CPU has, capped at `max_isa` (the caller's kernel policy).
+int isa(int max_isa) {
   int best = cpu_has_avx512() ? kAvx512 : cpu_has_avx2() ? kAvx2 : kPortable;
-  return std::min(best, g_max_isa.load(std::memory_order_relaxed));
+  return std::clamp(std::min(best, max_isa), static_cast<int>(kPortable), static_cast<int>(kAvx512));
 }
 
 void run_rows(const Problem& p, int n0, int n1, int level) {
@@ -605,8 +595,10 @@ constexpr size_t kParallelMinWeights = 1 << 15;
 // Runs `rows(j, n0, n1)` over the output rows [0, n_rows[j]) of products j = 0.., split into
 // chunks of 8k rows (about 4 per thread) over the pool unless the work is small. A row is
 // always computed whole by one call, so results do not depend on the split.
-void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows) {
-  const int threads = Pool::get().threads();
+// `wanted` threads (0: the pool's count).
+void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows,
+                int wanted) {
+  const int threads = Pool::get().threads(wanted);
   int total = 0;
   for (int n : n_rows) total += n;
   if (threads <= 1 || work < kParallelMinWeights || total < 16) {
@@ -620,7 +612,9 @@ void split_rows(const std::vector<int>& n_rows, size_t work, const std::function
   for (int j = 0; j < static_cast<int>(n_rows.size()); ++j) {
     for (int n0 = 0; n0 < n_rows[j]; n0 += per) chunks.push_back({j, n0, std::min(n_rows[j], n0 + per)});
   }
-  Pool::get().run(static_cast<int>(chunks.size()), [&](int i) { rows(chunks[i][0], chunks[i][1], chunks[i][2]); });
+  Pool::get().run(
+      static_cast<int>(chunks.size()), [&](int i) { rows(chunks[i][0], chunks[i][1], chunks[i][2]); },
+      Pool::Linger::kLong, threads);
 }
 
 // How the products of one call are returned: each as its own output, or (SwiGLU, two
@@ -642,8 +636,7 @@ void swiglu_rows(const float* gate, const float* up, float* out, int m, int n, i
 }
 
 // Products of one x [M, K] with matrices ps[j] (same K, bits and group size).
-void compute(std::vector<Problem>& ps, Combine combine, float* combined_out) {
-  const int level = isa();
+void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int level, int threads) {
   const Problem& p0 = ps[0];
   // The SIMD kernels read x from a 64-byte aligned copy: a 16-lane load that straddles two
   // cache lines costs two, and x is read once per weight row (measured, interleaved runs: windows
@@ -670,14 +663,14 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out) {
     work += static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
   }
   if (combine == Combine::kNone) {
-    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level); });
+    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level); }, threads);
     return;
   }
   split_rows({p0.n}, work, [&](int, int n0, int n1) {
     run_rows(ps[0], n0, n1, level);
     run_rows(ps[1], n0, n1, level);
     swiglu_rows(ps[0].out, ps[1].out, combined_out, p0.m, p0.n, n0, n1, level);
-  });
+  }, threads);
 }
 
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.
@@ -716,8 +709,13 @@ int per_product(int bits) { return bits == kDense ? 1 : 3; }
 // Combine::kSwiglu.
 class QuantizedMatmulCpu : public mx::Primitive {
  public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits), combine_(combine) {}
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine, int max_isa, int threads)
+      : mx::Primitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        combine_(combine),
+        max_isa_(max_isa),
+        threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& enc = mx::cpu::get_command_encoder(stream());
@@ -730,7 +728,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
     enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
-                  combine = combine_]() mutable {
+                  combine = combine_, level = isa(max_isa_), threads = threads_]() mutable {
       const int per = per_product(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
       const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
@@ -758,7 +756,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
         }
         ps.push_back(p);
       }
-      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr);
+      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr, level, threads);
       g_calls.fetch_add(1, std::memory_order_relaxed);
     });
   }
@@ -771,7 +769,8 @@ class QuantizedMatmulCpu : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedMatmulCpu*>(&other);
-    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->combine_ == combine_;
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->combine_ == combine_ && o->max_isa_ == max_isa_ &&
+           o->threads_ == threads_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -789,6 +788,8 @@ class QuantizedMatmulCpu : public mx::Primitive {
   int group_size_;
   int bits_;
   Combine combine_;
+  int max_isa_;
+  int threads_;
 };
 
 std::string shape_str(const mx::Shape& s) {
@@ -842,7 +843,8 @@ std::unique_ptr<ArrayList> as_list(std::vector<mx::array> arrays) {
 
 // The lazy outputs of products of x with the triples (w, scales, biases) of `mats`.
 std::vector<mx::array> build(const std::string& op, const mx::array& x, const std::vector<mx::array>& mats,
-                             int32_t group_size, int32_t bits, Combine combine) {
+                             int32_t group_size, int32_t bits, Combine combine, int32_t max_isa,
+                             int32_t threads) {
   if (bits != 4 && bits != 8 && bits != kDense) {
     throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
   }
@@ -873,42 +875,40 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), mats.begin(), mats.end());
   std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
-  auto prim = std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits, combine);
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits, combine, max_isa, threads);
   return mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
 }
 }  // namespace
 
-std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu) {
+std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu, int32_t max_isa,
+                                             int32_t threads) {
   return as_list(build(swiglu ? "[cpu_dense_swiglu] " : "[cpu_dense_matmuls] ", x, weights.items, 0, kDense,
-                       swiglu ? Combine::kSwiglu : Combine::kNone));
+                       swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, threads));
 }
 
 std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                                                const mx::array& biases, int32_t group_size, int32_t bits) {
-  auto out = build("[cpu_quantized_matmul] ", x, {w, scales, biases}, group_size, bits, Combine::kNone);
+                                                const mx::array& biases, int32_t group_size, int32_t bits,
+                                                int32_t max_isa, int32_t threads) {
+  auto out =
+      build("[cpu_quantized_matmul] ", x, {w, scales, biases}, group_size, bits, Combine::kNone, max_isa, threads);
   return std::make_unique<mx::array>(out[0]);
 }
 
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
-                                                 int32_t bits, bool swiglu) {
+                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t threads) {
   return as_list(build(swiglu ? "[cpu_quantized_swiglu] " : "[cpu_quantized_matmuls] ", x, mats.items, group_size,
-                       bits, swiglu ? Combine::kSwiglu : Combine::kNone));
+                       bits, swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, threads));
 }
 
-rust::String cpu_qmm_isa() { return rust::String(kIsaNames[isa()]); }
-
-rust::String cpu_qmm_limit_isa(rust::Str name) {
-  const std::string want(name);
-  for (int i = kPortable; i <= kAvx512; ++i) {
-    if (want == kIsaNames[i]) return rust::String(kIsaNames[g_max_isa.exchange(i)]);
-  }
-  throw std::invalid_argument("[cpu_qmm_limit_isa] unknown instruction set '" + want +
-                              "' (expected portable, avx2+fma or avx512f)");
-}
+rust::String cpu_qmm_isa(int32_t max_isa) { return rust::String(kIsaNames[isa(max_isa)]); }
 
 uint64_t cpu_qmm_calls() { return g_calls.load(std::memory_order_relaxed); }
 
 int32_t cpu_qmm_threads() { return Pool::get().threads(); }
 
 void cpu_qmm_set_threads(int32_t n) { Pool::get().set_threads(n); }
+
+int32_t cpu_pool_spin_us() { return Pool::get().spin_us(); }
+
+void cpu_pool_set_spin_us(int32_t us) { Pool::get().set_spin_us(us); }
 }  // namespace mlxsys

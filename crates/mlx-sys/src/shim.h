@@ -148,26 +148,30 @@ bool blas_select(rust::Str which);
 // primitive (QuantizedMatmulCpu) runs an AVX-512, AVX2/FMA or portable kernel on the CPU stream.
 // bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
 std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
-                                            int32_t group_size, int32_t bits);
+                                            int32_t group_size, int32_t bits, int32_t max_isa, int32_t threads);
+// `max_isa` caps the instruction set (0 portable, 1 AVX2 + FMA, 2 AVX-512F); `threads` > 0
+// splits the call over that many threads instead of the pool's count.
 // Several products of one x in one node: `mats` holds (w, scales, biases) triples with the
 // same K, bits and group size. Returns one [..., N_j] array per triple, or with `swiglu` (two
 // triples, gate and up) the single array silu(x @ gate^T) * (x @ up^T).
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
-                                                 int32_t bits, bool swiglu);
+                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t threads);
 // The same kernels for dense float32 weights: x [..., K] @ w_j^T for w_j [N_j, K] float32
 // (K a multiple of 32), one [..., N_j] per weight, or with `swiglu` (gate, up) the single
 // silu(x @ gate^T) * (x @ up^T).
-std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu);
-// "avx512f", "avx2+fma" or "portable": the kernel the next evaluation uses.
-rust::String cpu_qmm_isa();
-// Caps the instruction set at `name` (one of the above; tests compare them); returns the
-// previous cap. Throws std::invalid_argument for another name.
-rust::String cpu_qmm_limit_isa(rust::Str name);
+std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu, int32_t max_isa,
+                                             int32_t threads);
+// "avx512f", "avx2+fma" or "portable": the kernel a call with this cap uses (0 portable,
+// 1 AVX2 + FMA, 2 AVX-512F; the best the CPU has, at most the cap).
+rust::String cpu_qmm_isa(int32_t max_isa);
 // Products the kernel has evaluated since the process started.
 uint64_t cpu_qmm_calls();
-// Threads the kernel splits output features over (default: all cores, MLX_SPEC_QMM_THREADS).
+// Threads the kernel splits output features over (default: all cores; process-wide).
 int32_t cpu_qmm_threads();
 void cpu_qmm_set_threads(int32_t n);
+// Microseconds the pool's idle workers spin after a quantized matmul (default 5000).
+int32_t cpu_pool_spin_us();
+void cpu_pool_set_spin_us(int32_t us);
 // --- fused CPU attention for short query windows (src/attn.cc)
 // softmax(q k^T * scale [+ causal mask aligned to the end]) v for q [B, Hq, Lq, D],
 // k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] float32 (any strides) -> [B, Hq, Lq, Dv] float32, as a

@@ -5,6 +5,8 @@
 //! Besides wall time it records the CPU time of the process (all threads) per decode token
 //! and per verify forward: on a shared machine that measures the work, which wall time does
 //! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
+//! Each variant is a [`KernelPolicy`] the model is loaded with (plus the process-wide sgemv
+//! rewrite of the BLAS switch).
 //!
 //! The variants run side by side in this one process:
 //! - `ours`: the defaults (the CPU kernels of `mlx_core::cpu_quant` for quantized products
@@ -13,31 +15,67 @@
 //!   the one-node RMS norm and RoPE of `mlx_core::cpu_fast`, pipelined decode);
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
 //!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives;
-//! - `mlx-norm-rope` (only when asked for in `MLX_SPEC_BENCH_VARIANTS`): `ours` with MLX's
-//!   RMS norm and RoPE graphs, to measure what the one-node versions give.
+//! - `mlx-norm-rope` (only when asked for with `--variants`): `ours` with MLX's RMS norm and
+//!   RoPE graphs, to measure what the one-node versions give.
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
-//! prints the table; alone: `MLX_SPEC_BENCH_MODELS=dir1:dir2 cargo bench -p models --bench
-//! decode`. Environment: `MLX_SPEC_BENCH_MODELS` (model directories, `:`-separated; default
-//! the imported SmolLM2), `MLX_SPEC_BENCH_PROMPTS` (default `fixtures/bench/prompts.json`),
-//! `MLX_SPEC_BENCH_OUT` (JSON lines, default `target/bench-decode/ours.jsonl`),
-//! `MLX_SPEC_BENCH_TOKENS` (default 64), `MLX_SPEC_BENCH_REPS` (default 5),
-//! `MLX_SPEC_BENCH_VARIANTS` (default `ours,mlx-kernels`; e.g. `ours` alone for profiling). Under `cargo test`
-//! (no `--bench` argument) it runs a few-token smoke pass on the default model when it is
-//! already imported.
+//! prints the table; alone: `cargo bench -p models --bench decode -- --models dir1:dir2`.
+//! Arguments (after `--`): `--models` (model directories, `:`-separated; default the
+//! imported SmolLM2), `--prompts` (default `fixtures/bench/prompts.json`), `--out` (JSON
+//! lines, default `target/bench-decode/ours.jsonl`), `--tokens` (default 64), `--reps`
+//! (default 5), `--variants` (default `ours,mlx-kernels`; e.g. `ours` alone for profiling).
+//! Under `cargo test` (no `--bench` argument, which `cargo bench` adds) it runs a few-token
+//! smoke pass on the default model when it is already imported.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mlx_core::{Dtype, cpu_attention, cpu_fast, cpu_quant, eval, set_gemv_routing};
+use mlx_core::{Dtype, KernelPolicy, cpu_quant, eval, set_gemv_routing};
 use models::generate::{ids, prefill};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
 
 const WINDOWS: [usize; 6] = [1, 2, 4, 8, 11, 16];
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+/// The command line: `--bench` (from `cargo bench`) and `--name value` pairs.
+struct Args {
+    bench: bool,
+    models: Option<String>,
+    prompts: Option<PathBuf>,
+    out: Option<PathBuf>,
+    tokens: usize,
+    reps: usize,
+    variants: Vec<String>,
+}
+
+impl Args {
+    fn parse(mut it: impl Iterator<Item = String>) -> Args {
+        let mut a = Args {
+            bench: false,
+            models: None,
+            prompts: None,
+            out: None,
+            tokens: 64,
+            reps: 5,
+            variants: vec!["ours".into(), "mlx-kernels".into()],
+        };
+        while let Some(arg) = it.next() {
+            let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+            let number = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("{arg}: not a number: {v}"));
+            match arg.as_str() {
+                "--bench" => a.bench = true,
+                "--models" => a.models = Some(value()),
+                "--prompts" => a.prompts = Some(value().into()),
+                "--out" => a.out = Some(value().into()),
+                "--tokens" => a.tokens = number(value()),
+                "--reps" => a.reps = number(value()),
+                "--variants" => a.variants = value().split(',').map(str::to_string).collect(),
+                // cargo's own harness flags and test-name filters: not ours
+                _ => eprintln!("decode bench: ignoring argument {arg}"),
+            }
+        }
+        a
+    }
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -85,20 +123,22 @@ fn process_cpu_ns() -> u64 {
         .sum()
 }
 
-fn set_variant(name: &str) {
+/// The kernels of a variant (and sets the process-wide sgemv rewrite of the BLAS switch).
+fn set_variant(name: &str) -> KernelPolicy {
     let ours = name != "mlx-kernels";
     set_gemv_routing(ours);
-    cpu_quant::set_enabled(ours);
-    cpu_quant::set_dense_enabled(ours);
-    cpu_attention::set_enabled(ours);
-    cpu_fast::set_enabled(name == "ours");
+    if !ours {
+        return KernelPolicy::mlx();
+    }
+    KernelPolicy { fast_norm_rope: name == "ours", ..KernelPolicy::all_on() }
 }
 
 /// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.
 fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
-    set_variant(variant);
+    let kernels = set_variant(variant);
     let (j0, t_start) = (jiffies(), Instant::now());
-    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32) }).expect("load model");
+    let isa = kernels.isa();
+    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32), kernels }).expect("load model");
     let tok = Tokenizer::from_dir(dir).expect("tokenizer");
     let chat = |p: &str| {
         let text = tok.apply_chat_template(&[ChatMessage::user(p.to_string())], true).expect("chat template");
@@ -155,7 +195,7 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
         "verify_cpu_ms": verify_cpu.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "verify_ms": verify.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "others_cores": others_cores(j0, t_start),
-        "qmm_isa": cpu_quant::isa(),
+        "qmm_isa": isa,
         "qmm_threads": cpu_quant::threads(),
         "blas": mlx_core::blas_info(),
     })
@@ -163,19 +203,18 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let bench_mode = std::env::args().any(|a| a == "--bench");
-    let models: Vec<PathBuf> = match std::env::var("MLX_SPEC_BENCH_MODELS") {
-        Ok(v) if !v.is_empty() => v.split(':').map(PathBuf::from).collect(),
+    let args = Args::parse(std::env::args().skip(1));
+    let bench_mode = args.bench;
+    let models: Vec<PathBuf> = match &args.models {
+        Some(v) if !v.is_empty() => v.split(':').map(PathBuf::from).collect(),
         _ => vec![models::default_model::default_model_path()],
     };
-    let prompts = std::env::var("MLX_SPEC_BENCH_PROMPTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("fixtures/bench/prompts.json"));
+    let prompts = args.prompts.clone().unwrap_or_else(|| root.join("fixtures/bench/prompts.json"));
     let p: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&prompts).expect("prompts file")).expect("prompts JSON");
     let mut setup = Setup {
-        tokens: env_or("MLX_SPEC_BENCH_TOKENS", 64),
-        reps: env_or("MLX_SPEC_BENCH_REPS", 5),
+        tokens: args.tokens,
+        reps: args.reps,
         decode_prompt: p["decode"].as_str().expect("decode prompt").to_string(),
         verify_prompt: p["verify"].as_str().expect("verify prompt").to_string(),
     };
@@ -191,16 +230,11 @@ fn main() {
         run(dir, "ours", &setup);
         return;
     }
-    let out = std::env::var("MLX_SPEC_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target/bench-decode/ours.jsonl"));
+    let out = args.out.clone().unwrap_or_else(|| root.join("target/bench-decode/ours.jsonl"));
     std::fs::create_dir_all(out.parent().expect("output has a parent")).expect("output directory");
-    let variants: Vec<String> = std::env::var("MLX_SPEC_BENCH_VARIANTS")
-        .map(|v| v.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|_| vec!["ours".into(), "mlx-kernels".into()]);
     let mut lines = Vec::new();
     for dir in &models {
-        for variant in &variants {
+        for variant in &args.variants {
             lines.push(run(dir, variant, &setup).to_string());
         }
     }

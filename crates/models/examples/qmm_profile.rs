@@ -11,6 +11,7 @@ fn main() {
     let ts: Vec<i32> =
         std::env::args().nth(1).unwrap_or("1,8,11,16".into()).split(',').map(|t| t.parse().unwrap()).collect();
     let key = random::Key::new(1);
+    let policy = mlx_core::KernelPolicy::all_on();
     for (n, k, bits) in [(1536, 576, 4), (576, 1536, 4), (576, 576, 4), (49152, 576, 8)] {
         let w = random::normal(&[n, k], Dtype::Float32, 0.0, 1.0, &key).unwrap();
         let q = quantize(&w, QuantSpec::new(32, bits).unwrap()).unwrap();
@@ -22,7 +23,10 @@ fn main() {
             let mut best = f64::MAX;
             for _ in 0..reps {
                 let t0 = Instant::now();
-                cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec).unwrap().eval().unwrap();
+                cpu_quant::quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, q.spec, &policy)
+                    .unwrap()
+                    .eval()
+                    .unwrap();
                 best = best.min(t0.elapsed().as_secs_f64());
             }
             let macs = (n as f64) * (k as f64) * (t as f64);

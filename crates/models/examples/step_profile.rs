@@ -8,7 +8,9 @@ use models::{LoadOptions, load_model};
 
 fn main() {
     let dir = std::env::args().nth(1).expect("model directory");
-    let model = load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let model =
+        load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() })
+            .unwrap();
     let prompt_len: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(100);
     let prompt: Vec<u32> = (0..prompt_len).map(|i| 100 + i * 7).collect();
     let (mut cache, mut tok) = prefill(&model, &prompt).unwrap();

@@ -19,7 +19,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let dir = std::env::args().nth(1).expect("model directory");
-    let model = load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let model =
+        load_model(std::path::Path::new(&dir), &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() })
+            .unwrap();
     let prompt_len: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(100);
     let prompt: Vec<u32> = (0..prompt_len).map(|i| 100 + i * 7).collect();
     let (h, inter, kv, layers, vocab) = (576, 1536, 192, 30, 49152);
@@ -43,6 +45,7 @@ fn main() {
         Some(a) => a.split(',').map(|t| t.parse().unwrap()).collect(),
         None => vec![1, 2, 4, 8, 11, 16],
     };
+    let policy = mlx_core::KernelPolicy::all_on();
     for t in ts {
         let mut fwd = Vec::new();
         let mut prods = Vec::new();
@@ -60,12 +63,19 @@ fn main() {
             let t0 = Instant::now();
             let mut outs: Vec<Array> = Vec::new();
             for _ in 0..layers {
-                outs.extend(cpu_quant::quantized_matmuls_t(&xh, &[&q, &kk, &v]).unwrap());
-                outs.push(cpu_quant::quantized_matmul_t(&xh, &o.weight, &o.scales, &o.biases, o.spec).unwrap());
-                outs.push(cpu_quant::swiglu_t(&xh, &g, &u).unwrap());
-                outs.push(cpu_quant::quantized_matmul_t(&xi, &d.weight, &d.scales, &d.biases, d.spec).unwrap());
+                outs.extend(cpu_quant::quantized_matmuls_t(&xh, &[&q, &kk, &v], &policy).unwrap());
+                outs.push(
+                    cpu_quant::quantized_matmul_t(&xh, &o.weight, &o.scales, &o.biases, o.spec, &policy).unwrap(),
+                );
+                outs.push(cpu_quant::swiglu_t(&xh, &g, &u, &policy).unwrap());
+                outs.push(
+                    cpu_quant::quantized_matmul_t(&xi, &d.weight, &d.scales, &d.biases, d.spec, &policy).unwrap(),
+                );
             }
-            outs.push(cpu_quant::quantized_matmul_t(&xh, &head.weight, &head.scales, &head.biases, head.spec).unwrap());
+            outs.push(
+                cpu_quant::quantized_matmul_t(&xh, &head.weight, &head.scales, &head.biases, head.spec, &policy)
+                    .unwrap(),
+            );
             let refs: Vec<&Array> = outs.iter().collect();
             eval(&refs).unwrap();
             prods.push(t0.elapsed().as_secs_f64() * 1e3);

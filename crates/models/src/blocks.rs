@@ -3,8 +3,8 @@
 //! proportional RoPE table. Each takes its projections through the fused CPU paths of
 //! [`crate::layers`] ([`forward_many`] for q/k/v, [`swiglu`] for gate/up), which give the
 //! same values as the separate projections.
-use mlx_core::Array;
 use mlx_core::fast::{AttentionMask, Rope, rms_norm, scaled_dot_product_attention};
+use mlx_core::{Array, KernelPolicy};
 
 use crate::Result;
 use crate::cache::LayerCache;
@@ -87,6 +87,11 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The CPU kernels of this layer: its output projection's ([`Linear::kernels`]).
+    pub fn kernels(&self) -> &KernelPolicy {
+        self.o_proj.kernels()
+    }
+
     /// Queries `[B, n_heads, L, head_dim]` and, when the layer has its own `k_proj`, keys
     /// and values `[B, n_kv_heads, L, head_dim]` of `x [B, L, H]`, roped from position
     /// `offset` (values are not roped).
@@ -100,7 +105,7 @@ impl Attention {
         linears.extend(self.k_proj.iter());
         linears.extend(self.v_proj.iter().filter(|_| self.k_proj.is_some()));
         let ys = forward_many(&linears, x)?;
-        let q = rope.apply(&self.heads(&ys[0], self.n_heads, self.q_norm.as_ref(), b, l)?, offset)?;
+        let q = rope.apply(&self.heads(&ys[0], self.n_heads, self.q_norm.as_ref(), b, l)?, offset, self.kernels())?;
         let kv = match ys.get(1) {
             Some(k_raw) => Some(self.roped_kv(k_raw, ys.get(2), rope, offset, b, l)?),
             None => None,
@@ -148,10 +153,10 @@ impl Attention {
         b: i32,
         l: i32,
     ) -> Result<(Array, Array)> {
-        let k = rope.apply(&self.heads(k_raw, self.n_kv_heads, self.k_norm.as_ref(), b, l)?, offset)?;
+        let k = rope.apply(&self.heads(k_raw, self.n_kv_heads, self.k_norm.as_ref(), b, l)?, offset, self.kernels())?;
         let v = v_raw.unwrap_or(k_raw).reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
         let v = match self.v_norm_eps {
-            Some(eps) => rms_norm(&v, None, eps)?,
+            Some(eps) => rms_norm(&v, None, eps, self.kernels())?,
             None => v,
         };
         Ok((k, v.transpose(&[0, 2, 1, 3])?))
@@ -165,7 +170,7 @@ impl Attention {
     pub fn attend(&self, q: &Array, k: &Array, v: &Array, mask: AttentionMask) -> Result<Array> {
         let s = q.shape();
         let (b, l) = (s[0], s[2]);
-        let o = scaled_dot_product_attention(q, k, v, self.scale, mask)?;
+        let o = scaled_dot_product_attention(q, k, v, self.scale, mask, self.kernels())?;
         self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 

@@ -9,18 +9,10 @@ use crate::{Error, Result};
 
 /// The mlx-spec cache directory: `$MLX_SPEC_CACHE`, else `$XDG_CACHE_HOME/mlx-spec`, else
 /// `$HOME/.cache/mlx-spec`, else `mlx-spec-cache` in the system temp directory (the same rule as
-/// the `mlx-sys` build script, which keeps the MLX wheel there).
+/// the `mlx-sys` build script, which keeps the MLX wheel there), as read by
+/// [`mlx_core::settings`].
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MLX_SPEC_CACHE").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("mlx-spec");
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(h) => PathBuf::from(h).join(".cache/mlx-spec"),
-        None => std::env::temp_dir().join("mlx-spec-cache"),
-    }
+    mlx_core::Settings::global().cache_dir.value.clone()
 }
 
 /// The `*.gguf` files directly in `dir`, sorted; empty when `dir` does not exist.
@@ -70,9 +62,9 @@ pub fn run(cmd: &mut Command, dest: &Path, hint: &str) -> Result<()> {
     Ok(())
 }
 
-/// The Python that runs pip: `$MLX_PYTHON`, default `python3`.
+/// The Python that runs pip: `$MLX_PYTHON`, default `python3` ([`mlx_core::settings`]).
 pub fn python() -> std::ffi::OsString {
-    std::env::var_os("MLX_PYTHON").filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+    mlx_core::Settings::global().python.value.clone().into()
 }
 
 /// Downloads the wheel(s) of `spec` (`package==version`) into `staging` with

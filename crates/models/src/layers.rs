@@ -2,7 +2,7 @@
 //! [`Embedding`], and [`RmsNorm`]. They mirror mlx's `nn.Linear` / `nn.QuantizedLinear`,
 //! `nn.Embedding` / `nn.QuantizedEmbedding` and `nn.RMSNorm`.
 use mlx_core::quant::{self, QuantizedMatrix};
-use mlx_core::{Array, Dtype, cpu_quant, fast};
+use mlx_core::{Array, Dtype, KernelPolicy, cpu_quant, fast};
 
 use crate::Result;
 use crate::config::QuantizationConfig;
@@ -17,6 +17,10 @@ pub struct LoadContext {
     /// (`None` keeps the stored dtypes, as mlx-lm does). On the MLX CPU backend f32 is the
     /// fast choice: f16/bf16 have no hardware conversion in the `mlx-cpu` wheel.
     pub dtype: Option<Dtype>,
+    /// The CPU kernels the model's layers use ([`KernelPolicy::default`]: as the environment
+    /// says). Every [`Linear`], [`Embedding`], [`RmsNorm`] and attention keeps a clone, so
+    /// the loaded model runs on these kernels whatever other models in the process use.
+    pub kernels: KernelPolicy,
 }
 
 /// `y = x @ W^T + b` with `W [out, in]` dense or quantized.
@@ -24,9 +28,9 @@ pub struct LoadContext {
 /// A quantized weight runs on the fast CPU kernel of [`mlx_core::cpu_quant`] on the CPU
 /// backend when it qualifies (4 or 8 bits, float32 activations and scales: the default
 /// `--dtype float32`), and on MLX's `quantized_matmul` otherwise (Metal, CUDA, f16/bf16,
-/// other bit widths, or `MLX_SPEC_QMM=mlx`). A dense float32 weight goes to the same kernel
-/// for decode steps and verify windows ([`cpu_quant::dense_applies`]) and to MLX's matmul
-/// (BLAS) otherwise.
+/// other bit widths, or a [`KernelPolicy`] with `qmm` off). A dense float32 weight goes to
+/// the same kernel for decode steps and verify windows ([`cpu_quant::dense_applies`]) and to
+/// MLX's matmul (BLAS) otherwise. Each variant keeps the policy it was loaded with.
 #[derive(Debug, Clone)]
 pub enum Linear {
     /// Dense weight `[out, in]` and optional bias `[out]`.
@@ -35,6 +39,8 @@ pub enum Linear {
         weight: Array,
         /// `[out]`.
         bias: Option<Array>,
+        /// The kernels `forward` uses.
+        kernels: KernelPolicy,
     },
     /// Quantized weight and optional dense bias `[out]`.
     Quantized {
@@ -42,21 +48,30 @@ pub enum Linear {
         weight: QuantizedMatrix,
         /// `[out]`.
         bias: Option<Array>,
+        /// The kernels `forward` uses.
+        kernels: KernelPolicy,
     },
 }
 
 impl Linear {
+    /// The kernel policy this layer was loaded with.
+    pub fn kernels(&self) -> &KernelPolicy {
+        match self {
+            Linear::Dense { kernels, .. } | Linear::Quantized { kernels, .. } => kernels,
+        }
+    }
+
     /// `x [..., in] -> [..., out]`.
     ///
     /// # Errors
     /// [`crate::Error::Mlx`] when `x`'s last axis is not `in`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, bias) = match self {
-            Linear::Dense { weight, bias: Some(b) } if !cpu_quant::dense_applies(weight, x) => {
+            Linear::Dense { weight, bias: Some(b), kernels } if !cpu_quant::dense_applies(weight, x, kernels) => {
                 return Ok(b.addmm(x, &weight.t()?, 1.0, 1.0)?);
             }
-            Linear::Dense { weight, bias } => (cpu_quant::dense_matmul_t_auto(x, weight)?, bias),
-            Linear::Quantized { weight, bias } => (weight.matmul_t_auto(x)?, bias),
+            Linear::Dense { weight, bias, kernels } => (cpu_quant::dense_matmul_t_auto(x, weight, kernels)?, bias),
+            Linear::Quantized { weight, bias, kernels } => (weight.matmul_t_auto(x, kernels)?, bias),
         };
         Ok(match bias {
             Some(b) => y.add(b)?,
@@ -66,7 +81,7 @@ impl Linear {
 }
 
 /// The weights of `linears` when all of them can go to one node of the CPU kernel
-/// (`mlx_core::cpu_quant`).
+/// (`mlx_core::cpu_quant`) under the first one's [`KernelPolicy`].
 enum Fusable<'a> {
     /// All quantized with one spec, kernel on, `x`'s dtype taken.
     Quantized(Vec<&'a QuantizedMatrix>),
@@ -75,6 +90,7 @@ enum Fusable<'a> {
 }
 
 fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
+    let kernels = linears.first()?.kernels();
     let quantized: Option<Vec<&QuantizedMatrix>> = linears
         .iter()
         .map(|l| match l {
@@ -84,13 +100,13 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
         .collect();
     if let Some(mats) = quantized {
         let first = mats.first()?;
-        let ok = cpu_quant::enabled() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
+        let ok = kernels.uses_qmm() && mats.iter().all(|m| m.spec == first.spec && cpu_quant::supports(m, x.dtype()));
         return ok.then_some(Fusable::Quantized(mats));
     }
     let dense: Vec<&Array> = linears
         .iter()
         .map(|l| match l {
-            Linear::Dense { weight, .. } if cpu_quant::dense_applies(weight, x) => Some(weight),
+            Linear::Dense { weight, .. } if cpu_quant::dense_applies(weight, x, kernels) => Some(weight),
             _ => None,
         })
         .collect::<Option<_>>()?;
@@ -99,14 +115,14 @@ fn fusable<'a>(linears: &[&'a Linear], x: &Array) -> Option<Fusable<'a>> {
 
 /// `[l.forward(x) for l in linears]`, as one graph node when `fusable` (a layer's q/k/v
 /// projections on the CPU backend; biases are added after). Same shapes and values as
-/// calling [`Linear::forward`] on each.
+/// calling [`Linear::forward`] on each. The fused node follows the first linear's policy.
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] when `x`'s last axis is not the linears' `in`.
 pub fn forward_many(linears: &[&Linear], x: &Array) -> Result<Vec<Array>> {
     let ys = match fusable(linears, x) {
-        Some(Fusable::Quantized(mats)) => cpu_quant::quantized_matmuls_t(x, &mats)?,
-        Some(Fusable::Dense(weights)) => cpu_quant::dense_matmuls_t(x, &weights)?,
+        Some(Fusable::Quantized(mats)) => cpu_quant::quantized_matmuls_t(x, &mats, linears[0].kernels())?,
+        Some(Fusable::Dense(weights)) => cpu_quant::dense_matmuls_t(x, &weights, linears[0].kernels())?,
         None => return linears.iter().map(|l| l.forward(x)).collect(),
     };
     ys.into_iter()
@@ -128,8 +144,8 @@ pub fn swiglu(gate: &Linear, up: &Linear, x: &Array) -> Result<Array> {
     let no_bias = |l: &Linear| matches!(l, Linear::Quantized { bias: None, .. } | Linear::Dense { bias: None, .. });
     if no_bias(gate) && no_bias(up) {
         match fusable(&[gate, up], x) {
-            Some(Fusable::Quantized(m)) => return Ok(cpu_quant::swiglu_t(x, m[0], m[1])?),
-            Some(Fusable::Dense(w)) => return Ok(cpu_quant::dense_swiglu_t(x, w[0], w[1])?),
+            Some(Fusable::Quantized(m)) => return Ok(cpu_quant::swiglu_t(x, m[0], m[1], gate.kernels())?),
+            Some(Fusable::Dense(w)) => return Ok(cpu_quant::dense_swiglu_t(x, w[0], w[1], gate.kernels())?),
             None => {}
         }
     }
@@ -139,7 +155,16 @@ pub fn swiglu(gate: &Linear, up: &Linear, x: &Array) -> Result<Array> {
 
 /// Token embedding table `[V, H]`, dense or quantized; also usable as the tied LM head.
 #[derive(Debug, Clone)]
-pub enum Embedding {
+pub struct Embedding {
+    /// The table.
+    pub table: EmbeddingTable,
+    /// The kernels of the tied LM head ([`Embedding::as_linear`]).
+    pub kernels: KernelPolicy,
+}
+
+/// The weights of an [`Embedding`].
+#[derive(Debug, Clone)]
+pub enum EmbeddingTable {
     /// `[V, H]`.
     Dense(Array),
     /// Packed `[V, H]`; rows are gathered, then dequantized (as `nn.QuantizedEmbedding`).
@@ -152,9 +177,9 @@ impl Embedding {
     /// # Errors
     /// [`crate::Error::Mlx`] for non-integer ids.
     pub fn forward(&self, ids: &Array) -> Result<Array> {
-        Ok(match self {
-            Embedding::Dense(w) => w.take(ids, 0)?,
-            Embedding::Quantized(q) => {
+        Ok(match &self.table {
+            EmbeddingTable::Dense(w) => w.take(ids, 0)?,
+            EmbeddingTable::Quantized(q) => {
                 let rows = |a: &Array| a.take(ids, 0);
                 quant::dequantize(&rows(&q.weight)?, &rows(&q.scales)?, &rows(&q.biases)?, q.spec)?
             }
@@ -166,9 +191,9 @@ impl Embedding {
     /// # Errors
     /// [`crate::Error::Mlx`] when `x`'s last axis is not `H`.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        Ok(match self {
-            Embedding::Dense(w) => cpu_quant::dense_matmul_t_auto(x, w)?,
-            Embedding::Quantized(q) => q.matmul_t_auto(x)?,
+        Ok(match &self.table {
+            EmbeddingTable::Dense(w) => cpu_quant::dense_matmul_t_auto(x, w, &self.kernels)?,
+            EmbeddingTable::Quantized(q) => q.matmul_t_auto(x, &self.kernels)?,
         })
     }
 }
@@ -180,6 +205,8 @@ pub struct RmsNorm {
     pub weight: Array,
     /// Added to the mean square.
     pub eps: f32,
+    /// The kernels `forward` uses.
+    pub kernels: KernelPolicy,
 }
 
 impl RmsNorm {
@@ -188,6 +215,6 @@ impl RmsNorm {
     /// # Errors
     /// [`crate::Error::Mlx`] when the last axis is not `H`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        Ok(fast::rms_norm(x, Some(&self.weight), self.eps, &self.kernels)?)
     }
 }

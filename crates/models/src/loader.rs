@@ -20,7 +20,7 @@ use std::path::Path;
 use mlx_core::Array;
 use mlx_core::quant::{QuantSpec, QuantizedMatrix};
 
-use crate::layers::{Embedding, Linear, LoadContext, RmsNorm};
+use crate::layers::{Embedding, EmbeddingTable, Linear, LoadContext, RmsNorm};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -106,10 +106,10 @@ impl<'a> Loader<'a> {
         let base = self.path(name);
         let b = if bias { Some(self.param(&format!("{name}.bias"), &[out as i32])?) } else { None };
         if let Some(q) = self.quantized(&base, out, inp)? {
-            return Ok(Linear::Quantized { weight: q, bias: b });
+            return Ok(Linear::Quantized { weight: q, bias: b, kernels: self.ctx.kernels.clone() });
         }
         let weight = self.param(&format!("{name}.weight"), &[out as i32, inp as i32])?;
-        Ok(Linear::Dense { weight, bias: b })
+        Ok(Linear::Dense { weight, bias: b, kernels: self.ctx.kernels.clone() })
     }
 
     /// The embedding table `name` of shape `[vocab, hidden]`, dense or quantized.
@@ -119,9 +119,10 @@ impl<'a> Loader<'a> {
     pub fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
         let base = self.path(name);
         if let Some(q) = self.quantized(&base, vocab, hidden)? {
-            return Ok(Embedding::Quantized(q));
+            return Ok(Embedding { table: EmbeddingTable::Quantized(q), kernels: self.ctx.kernels.clone() });
         }
-        Ok(Embedding::Dense(self.param(&format!("{name}.weight"), &[vocab as i32, hidden as i32])?))
+        let table = EmbeddingTable::Dense(self.param(&format!("{name}.weight"), &[vocab as i32, hidden as i32])?);
+        Ok(Embedding { table, kernels: self.ctx.kernels.clone() })
     }
 
     /// The RMS norm `name` (`<name>.weight` `[dim]`) with epsilon `eps`.
@@ -129,7 +130,11 @@ impl<'a> Loader<'a> {
     /// # Errors
     /// [`Error::Weight`] naming the tensor when it is missing or misshapen.
     pub fn norm(&mut self, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: self.param(&format!("{name}.weight"), &[dim as i32])?, eps })
+        Ok(RmsNorm {
+            weight: self.param(&format!("{name}.weight"), &[dim as i32])?,
+            eps,
+            kernels: self.ctx.kernels.clone(),
+        })
     }
 
     /// Ends loading: every tensor left in the store must match `ignore`, the family's list

@@ -86,7 +86,8 @@ pub struct Transformer {
     arch: Arch,
 }
 
-/// The layers of one family of decoders.
+/// The layers of one family of decoders (one value per loaded model: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Arch {
     /// llama / qwen2 / qwen3.
     Decoder { embed: Embedding, blocks: Vec<Block>, norm: RmsNorm, lm_head: Option<Linear>, rope: Rope },

@@ -61,7 +61,7 @@ fn gemma3_270m_matches_mlx_lm() {
     let g = load_safetensors(fixtures().join("gemma3_270m/goldens.safetensors")).unwrap();
     let prompts: Vec<String> = serde_json::from_str(&g.metadata["prompts"]).unwrap();
     let t0 = Instant::now();
-    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
     assert_eq!(model.family, Family::Gemma3);
     let tok = Tokenizer::from_dir(dir).unwrap();
     eprintln!("loaded in {:.1}s; BLAS: {}", t0.elapsed().as_secs_f64(), mlx_core::blas_info());

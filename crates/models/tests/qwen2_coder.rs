@@ -62,7 +62,7 @@ fn qwen2_coder_matches_mlx_lm() {
     let g = load_safetensors(fixtures().join("qwen2_coder/goldens.safetensors")).unwrap();
     let conversations: Vec<Vec<ChatMessage>> = serde_json::from_str(&g.metadata["conversations"]).unwrap();
     let t0 = Instant::now();
-    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
     let tok = Tokenizer::from_dir(dir).unwrap();
     let blas = mlx_core::blas_info();
     eprintln!("loaded in {:.1}s; BLAS: {blas}", t0.elapsed().as_secs_f64());

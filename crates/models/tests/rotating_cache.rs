@@ -3,7 +3,7 @@
 //! ring and, when longer than the rollback reach, through the concatenation path) and trims,
 //! at any offset, before and after the ring wraps.
 use mlx_core::fast::{AttentionMask, scaled_dot_product_attention};
-use mlx_core::{Array, Dtype};
+use mlx_core::{Array, Dtype, KernelPolicy};
 use models::{LayerCache, RotatingKvCache};
 use proptest::prelude::*;
 
@@ -111,7 +111,8 @@ proptest! {
                         None if len > 1 => AttentionMask::Causal,
                         None => AttentionMask::None,
                     };
-                    let out = scaled_dot_product_attention(&to_array(&q, HQ), &ck, &cv, scale, m).unwrap();
+                    let out = scaled_dot_product_attention(&to_array(&q, HQ), &ck, &cv, scale, m, &KernelPolicy::default())
+                        .unwrap();
                     let got = out.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
                     let want = reference(&q, first, &keys, &values, window, scale);
                     let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);

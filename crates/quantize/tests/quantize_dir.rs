@@ -257,7 +257,7 @@ fn models_loads_the_output() {
     };
     let r = quantize_model_dir(&src, &dst, &options, &mut |_| {}).unwrap();
     assert_eq!(r.full_precision_modules.len(), 3);
-    let opts = models::LoadOptions { dtype: Some(Dtype::Float32) };
+    let opts = models::LoadOptions { dtype: Some(Dtype::Float32), ..models::LoadOptions::default() };
     let dense = models::load_model(&src, &opts).unwrap();
     let quant = models::load_model(&dst, &opts).unwrap();
     let ids = Array::from_slice(&[1i32, 17, 33, 200, 5], &[1, 5]).unwrap();

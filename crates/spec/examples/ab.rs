@@ -66,7 +66,7 @@ fn drafter(word: &str, target: DraftTarget<'_>) -> Result<Box<dyn DraftProvider>
 fn main() -> Result<()> {
     let a = Args::parse();
     let dtype = mlx_core::Dtype::from_name(&a.dtype).with_context(|| format!("--dtype {}", a.dtype))?;
-    let load = LoadOptions { dtype: Some(dtype) };
+    let load = LoadOptions { dtype: Some(dtype), ..LoadOptions::default() };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
     let draft_target = DraftTarget { dir: &a.target, tokenizer: &tok, load: &load };

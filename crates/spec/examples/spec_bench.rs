@@ -195,7 +195,7 @@ fn main() -> Result<()> {
         a.target = test_support::fixtures::ensure_gemma3_270m(&mut |_| {}).context("fetching Gemma 3 270M")?;
     }
     let dtype = mlx_core::Dtype::from_name(&a.dtype).with_context(|| format!("--dtype {}", a.dtype))?;
-    let load = LoadOptions { dtype: Some(dtype) };
+    let load = LoadOptions { dtype: Some(dtype), ..LoadOptions::default() };
     let target = load_model(&a.target, &load).with_context(|| format!("loading {}", a.target.display()))?;
     let tok = Tokenizer::from_dir(&a.target)?;
     // Every drafter comes from the factory `mlx-spec generate` uses, from the same flags.

@@ -54,7 +54,7 @@ struct Pair {
 }
 
 fn f32_load() -> LoadOptions {
-    LoadOptions { dtype: Some(Dtype::Float32) }
+    LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }
 }
 
 fn pair(family: Family, variants: &[(&str, Option<QuantSpec>)]) -> Pair {

@@ -87,7 +87,7 @@ fn plain(model: &Transformer, prompt: &[u32], eos: &[u32]) -> (Vec<u32>, Vec<f32
 fn gemma3_270m_speculative_equals_plain_past_the_window() {
     let dir = ensure_gemma3_270m(&mut |_| {}).expect("fetch and import Gemma 3 270M");
     let q4_dir = ensure_gemma3_270m_q4(&mut |_| {}).expect("fetch and import Gemma 3 270M 4-bit");
-    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32) };
+    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
     let target = load_model(&dir, &f32_opts).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     check_tokenizers(&Tokenizer::from_dir(&q4_dir).unwrap(), &tok, "gemma-3-270m-4bit", "gemma-3-270m").unwrap();

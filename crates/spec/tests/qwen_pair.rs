@@ -43,7 +43,7 @@ fn pair() -> (Transformer, Transformer, Tokenizer) {
     let tok = Tokenizer::from_dir(&target_dir).unwrap();
     check_tokenizers(&Tokenizer::from_dir(&draft_dir).unwrap(), &tok, "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
         .expect("the pair shares a tokenizer");
-    let f32_opts = LoadOptions { dtype: Some(mlx_core::Dtype::Float32) };
+    let f32_opts = LoadOptions { dtype: Some(mlx_core::Dtype::Float32), ..LoadOptions::default() };
     (load_model(&target_dir, &f32_opts).unwrap(), load_model(&draft_dir, &f32_opts).unwrap(), tok)
 }
 

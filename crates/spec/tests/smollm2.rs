@@ -182,7 +182,7 @@ fn dense_f32_dir() -> std::path::PathBuf {
 fn smollm2_dense_speculative_equals_plain() {
     let q4_dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
     let dir = dense_f32_dir();
-    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32) };
+    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
     let target = load_model(&dir, &f32_opts).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let q4_tok = Tokenizer::from_dir(&q4_dir).unwrap();
@@ -212,7 +212,7 @@ fn smollm2_dense_speculative_equals_plain() {
 #[test]
 fn smollm2_q4_speculative_equals_plain() {
     let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
-    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32) };
+    let f32_opts = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
     let target = load_model(&dir, &f32_opts).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);

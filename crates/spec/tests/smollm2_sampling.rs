@@ -29,7 +29,7 @@ fn load() -> (Transformer, Tokenizer, std::path::PathBuf) {
     // One fetch for the tests of this binary, which run in parallel.
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2")).clone();
-    let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap();
+    let model = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
     let tok = Tokenizer::from_dir(&dir).unwrap();
     (model, tok, dir)
 }
@@ -91,8 +91,10 @@ fn smollm2_rejection_rule_under_filters() {
 #[test]
 fn smollm2_self_drafting_is_always_accepted_when_sampling() {
     let (target, tok, dir) = load();
-    let drafter =
-        TwoModelProvider::new(load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32) }).unwrap(), "self");
+    let drafter = TwoModelProvider::new(
+        load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap(),
+        "self",
+    );
     let prompts = ["Write a short poem about the sea.", "List three uses of a paperclip."];
     let samplers = [
         ("temp 0.7", Sampler { temp: 0.7, ..Sampler::default() }),

@@ -417,7 +417,7 @@ pub fn write_tiny_dspark(dir: &Path, target_dir: &Path, seed: u64) -> Result<()>
     let mut d = Draw { seed: seed ^ 0x5eed_d5a4, next: 0 };
     // W1[prev] = norm.weight ⊙ rms(E[prev]), W2 = the target's head: W2 · W1[prev] is the
     // target's logits for a residual stream equal to (a multiple of) the embedding of prev.
-    let w1 = fast::rms_norm(&embed, Some(&final_norm), EPS as f32)?;
+    let w1 = fast::rms_norm(&embed, Some(&final_norm), EPS as f32, &mlx_core::KernelPolicy::default())?;
     write_dspark(dir, &dims, &mut d, embed, w1, target_head)
 }
 

@@ -133,6 +133,7 @@ pub fn save_safetensors<'a>(
     let tmp = path.with_file_name(format!(".{name}.tmp-{}.safetensors", std::process::id()));
     let tmp_str =
         tmp.to_str().ok_or_else(|| Error::File { path: path.into(), message: "path is not valid UTF-8".into() })?;
+    crate::settings::apply_process();
     if let Err(e) = ffi::save_safetensors(tmp_str, &m) {
         let _ = std::fs::remove_file(&tmp);
         let message = format!("cannot write it (as {}): {}", tmp.display(), e.what());

@@ -1,0 +1,613 @@
+//! Every run-time setting of mlx-spec, read from the environment once, in this one module.
+//!
+//! Two kinds of settings:
+//! - **Per model: [`KernelPolicy`].** Which of mlx-spec's CPU kernels a model's layers use
+//!   (quantized matmul, dense matmul, RMS norm + RoPE, attention) and the instruction-set
+//!   cap of the matmul kernel. A policy is a value: chosen at load time, carried by the
+//!   loaded model and passed to every dispatching call ([`crate::fast::rms_norm`],
+//!   [`crate::cpu_quant::dense_matmul_t_auto`], ...). Two models in one process can run on
+//!   different kernels. [`KernelPolicy::default`] is seeded from the environment.
+//! - **Per process: [`ProcessSettings`].** What exists once per process: the BLAS behind
+//!   MLX's `cblas_sgemm`, its matrix-vector rewrite, the kernels' thread pool (threads and
+//!   spin time). They are handed to the C++ side through bridge setters before the first
+//!   evaluation ([`apply_process`]); the C++ code reads no environment variable.
+//!
+//! [`Settings::global`] reads every variable once and records where each value came from
+//! ([`Source`]); `mlx-spec info` prints [`Settings::entries`]. The README's table of
+//! settings lists the same names. `MLX_SPEC_CACHE` and `MLX_PYTHON` are also read by the
+//! `mlx-sys` build script (build time: where the MLX wheel is kept), with the same rule.
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once, OnceLock};
+
+use mlx_sys::ffi;
+
+use crate::runtime::{Backend, backend};
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The named environment variable.
+    Env(&'static str),
+    /// Set in code (a builder call, a command-line flag).
+    Explicit,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::Env(name) => write!(f, "env {name}"),
+            Source::Explicit => f.write_str("explicit"),
+        }
+    }
+}
+
+/// A value and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting<T> {
+    /// The effective value.
+    pub value: T,
+    /// Where it came from.
+    pub source: Source,
+}
+
+impl<T> Setting<T> {
+    fn default(value: T) -> Self {
+        Setting { value, source: Source::Default }
+    }
+}
+
+/// The instruction sets of the matmul kernel ([`crate::cpu_quant`]), from the portable C++ up.
+/// A [`KernelPolicy`] caps the choice; the kernel uses the best one the CPU has under the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable C++ (any CPU).
+    Portable = 0,
+    /// AVX2 + FMA.
+    Avx2Fma = 1,
+    /// AVX-512F.
+    Avx512f = 2,
+}
+
+impl Isa {
+    /// All, from the portable C++ up.
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2Fma, Isa::Avx512f];
+
+    /// `portable`, `avx2+fma` or `avx512f`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2Fma => "avx2+fma",
+            Isa::Avx512f => "avx512f",
+        }
+    }
+
+    /// Parses [`Isa::name`] (also `avx2` and `avx512`).
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s {
+            "portable" => Some(Isa::Portable),
+            "avx2+fma" | "avx2" => Some(Isa::Avx2Fma),
+            "avx512f" | "avx512" => Some(Isa::Avx512f),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Graph nodes each kernel received through one [`KernelPolicy`] (and its clones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCalls {
+    /// Quantized matmul nodes ([`crate::cpu_quant`], 4/8-bit weights).
+    pub qmm: u64,
+    /// Dense float32 matmul nodes ([`crate::cpu_quant::dense_matmuls_t`]).
+    pub dense: u64,
+    /// RMS norm and RoPE nodes ([`crate::cpu_fast`]).
+    pub fast: u64,
+    /// Attention nodes ([`crate::cpu_attention`]).
+    pub sdpa: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    qmm: AtomicU64,
+    dense: AtomicU64,
+    fast: AtomicU64,
+    sdpa: AtomicU64,
+}
+
+/// The counters of a [`KernelPolicy`]: [`KernelCounters::default`] starts new ones at zero,
+/// a clone shares them.
+#[derive(Debug, Clone, Default)]
+pub struct KernelCounters(Arc<Counters>);
+
+impl KernelCounters {
+    /// The nodes counted so far.
+    pub fn calls(&self) -> KernelCalls {
+        let c = &self.0;
+        KernelCalls {
+            qmm: c.qmm.load(Ordering::Relaxed),
+            dense: c.dense.load(Ordering::Relaxed),
+            fast: c.fast.load(Ordering::Relaxed),
+            sdpa: c.sdpa.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, kernel: Kernel) {
+        let c = &self.0;
+        match kernel {
+            Kernel::Qmm => &c.qmm,
+            Kernel::Dense => &c.dense,
+            Kernel::Fast => &c.fast,
+            Kernel::Sdpa => &c.sdpa,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The kernels a model runs on: which of mlx-spec's CPU kernels its layers use, and the
+/// instruction-set cap of the matmul kernel. Chosen at load time and carried by the model
+/// (`models::LoadContext::kernels`); every dispatching call takes it, so two models in one
+/// process may use different kernels.
+///
+/// A kernel switched on is used only on the CPU backend and for inputs it supports (the
+/// `applies` functions of [`crate::cpu_quant`], [`crate::cpu_fast`],
+/// [`crate::cpu_attention`]); otherwise MLX's own op runs. A switch off keeps MLX's op
+/// (for comparisons).
+///
+/// A policy counts the graph nodes it sends to each kernel ([`KernelPolicy::calls`]); clones
+/// share the counters (a model's layers hold clones of one policy), a new policy
+/// ([`KernelPolicy::default`], [`KernelPolicy::all_on`], [`KernelPolicy::mlx`]) starts its own.
+#[derive(Debug, Clone)]
+pub struct KernelPolicy {
+    /// Quantized 4/8-bit matmuls on the CPU kernel (`MLX_SPEC_QMM`).
+    pub qmm: bool,
+    /// Dense float32 matmuls of up to [`crate::cpu_quant::DENSE_MAX_ROWS`] rows on the CPU
+    /// kernel (`MLX_SPEC_DENSE`).
+    pub dense: bool,
+    /// RMS norm and RoPE as single CPU nodes (`MLX_SPEC_FAST`).
+    pub fast_norm_rope: bool,
+    /// Fused attention for short query windows (`MLX_SPEC_SDPA`).
+    pub sdpa: bool,
+    /// The best instruction set the matmul kernel may use (`MLX_SPEC_QMM_ISA`).
+    pub max_isa: Isa,
+    /// Threads one matmul is split over (clamped to 1..=cores); `None`: the pool's
+    /// process-wide count (`MLX_SPEC_QMM_THREADS`, default all cores).
+    pub threads: Option<usize>,
+    /// The graph nodes sent to each kernel through this policy and its clones.
+    pub counters: KernelCounters,
+}
+
+impl Default for KernelPolicy {
+    /// The policy the environment asks for ([`Settings::global`]): every kernel on unless
+    /// its variable says `mlx`, `off` or `0`; new counters.
+    fn default() -> Self {
+        Settings::global().kernel_policy()
+    }
+}
+
+impl PartialEq for KernelPolicy {
+    /// Same switches and cap (the counters are not compared).
+    fn eq(&self, o: &Self) -> bool {
+        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa, self.threads)
+            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa, o.threads)
+    }
+}
+
+impl KernelPolicy {
+    /// Every kernel on, the best instruction set; ignores the environment.
+    pub fn all_on() -> Self {
+        Self::switches(true)
+    }
+
+    /// Every kernel off: MLX's own ops throughout (for comparisons); ignores the environment.
+    pub fn mlx() -> Self {
+        Self::switches(false)
+    }
+
+    fn switches(on: bool) -> Self {
+        KernelPolicy {
+            qmm: on,
+            dense: on,
+            fast_norm_rope: on,
+            sdpa: on,
+            max_isa: Isa::Avx512f,
+            threads: None,
+            counters: KernelCounters::default(),
+        }
+    }
+
+    /// This policy with the instruction-set cap `isa` (same counters).
+    #[must_use]
+    pub fn with_isa(mut self, isa: Isa) -> Self {
+        self.max_isa = isa;
+        self
+    }
+
+    /// This policy with matmuls split over `n` threads (same counters).
+    #[must_use]
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// The thread count the C++ kernels take: 0 for the pool's count.
+    pub(crate) fn threads_arg(&self) -> i32 {
+        self.threads.map_or(0, |n| n.clamp(1, i32::MAX as usize) as i32)
+    }
+
+    /// This policy with counters of its own, starting at zero.
+    #[must_use]
+    pub fn with_new_counters(mut self) -> Self {
+        self.counters = KernelCounters::default();
+        self
+    }
+
+    /// The nodes this policy (and its clones) sent to each kernel so far.
+    pub fn calls(&self) -> KernelCalls {
+        self.counters.calls()
+    }
+
+    /// The instruction set the matmul kernel uses under this policy on this CPU.
+    pub fn isa(&self) -> String {
+        ffi::cpu_qmm_isa(self.max_isa as i32)
+    }
+
+    /// Whether quantized matmuls go to the CPU kernel: [`KernelPolicy::qmm`] on the CPU backend.
+    pub fn uses_qmm(&self) -> bool {
+        self.qmm && cpu_backend()
+    }
+
+    /// Whether short dense matmuls go to the CPU kernel.
+    pub fn uses_dense(&self) -> bool {
+        self.dense && cpu_backend()
+    }
+
+    /// Whether RMS norm and RoPE go to the CPU nodes.
+    pub fn uses_fast_norm_rope(&self) -> bool {
+        self.fast_norm_rope && cpu_backend()
+    }
+
+    /// Whether short attention windows go to the fused CPU kernel.
+    pub fn uses_sdpa(&self) -> bool {
+        self.sdpa && cpu_backend()
+    }
+
+    pub(crate) fn count(&self, kernel: Kernel) {
+        self.counters.count(kernel);
+    }
+}
+
+/// A kernel counted by [`KernelPolicy::calls`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kernel {
+    Qmm,
+    Dense,
+    Fast,
+    Sdpa,
+}
+
+/// Whether MLX runs on the CPU backend (checked once).
+fn cpu_backend() -> bool {
+    static CPU: OnceLock<bool> = OnceLock::new();
+    *CPU.get_or_init(|| backend() == Backend::Cpu)
+}
+
+/// Settings that exist once per process (one BLAS interposer, one thread pool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSettings {
+    /// The CBLAS behind MLX's f32 matmuls: `openblas`, `reference` or a library path
+    /// (`MLX_SPEC_BLAS`); `None`: OpenBLAS when present, else the reference.
+    pub blas: Setting<Option<String>>,
+    /// Rewrite one-row / one-column sgemm calls as sgemv (`MLX_SPEC_GEMV`).
+    pub gemv_routing: Setting<bool>,
+    /// Threads of the CPU kernels' pool (`MLX_SPEC_QMM_THREADS`); `None`: all cores.
+    pub threads: Setting<Option<usize>>,
+    /// Microseconds the pool's idle workers spin after a quantized matmul before sleeping
+    /// (`MLX_SPEC_POOL_SPIN_US`).
+    pub pool_spin_us: Setting<u32>,
+}
+
+/// Every run-time setting, with where each value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `MLX_SPEC_QMM`.
+    pub qmm: Setting<bool>,
+    /// `MLX_SPEC_DENSE`.
+    pub dense: Setting<bool>,
+    /// `MLX_SPEC_FAST`.
+    pub fast_norm_rope: Setting<bool>,
+    /// `MLX_SPEC_SDPA`.
+    pub sdpa: Setting<bool>,
+    /// `MLX_SPEC_QMM_ISA`.
+    pub max_isa: Setting<Isa>,
+    /// The per-process settings.
+    pub process: ProcessSettings,
+    /// The `tracing` filter of the CLI (`MLX_SPEC_LOG`, e.g. `debug` or `spec=debug`);
+    /// empty: errors only.
+    pub log: Setting<String>,
+    /// The mlx-spec cache directory (`MLX_SPEC_CACHE`, else `$XDG_CACHE_HOME/mlx-spec`, else
+    /// `$HOME/.cache/mlx-spec`, else `mlx-spec-cache` in the temp directory).
+    pub cache_dir: Setting<PathBuf>,
+    /// The Python that runs pip for fetched wheels (`MLX_PYTHON`, default `python3`).
+    pub python: Setting<String>,
+}
+
+/// One row of [`Settings::entries`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The environment variable.
+    pub name: &'static str,
+    /// The effective value, as text.
+    pub value: String,
+    /// Where it came from.
+    pub source: Source,
+    /// What it changes.
+    pub about: &'static str,
+}
+
+/// A kernel switch: off for `mlx`, `off` or `0`, on for anything else.
+fn switch(lookup: &dyn Fn(&str) -> Option<String>, name: &'static str) -> Setting<bool> {
+    match lookup(name) {
+        Some(v) => Setting { value: !matches!(v.as_str(), "mlx" | "off" | "0"), source: Source::Env(name) },
+        None => Setting::default(true),
+    }
+}
+
+impl Settings {
+    /// The settings of this process: the environment, read on the first call.
+    pub fn global() -> &'static Settings {
+        static GLOBAL: OnceLock<Settings> = OnceLock::new();
+        GLOBAL.get_or_init(|| Settings::from_lookup(|name| std::env::var(name).ok()))
+    }
+
+    /// The settings `lookup` (a variable name to its value) describes; [`Settings::global`]
+    /// passes the environment. Values that do not parse keep the default.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Settings {
+        let lookup = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let env = |name: &'static str| lookup(name).map(|v| (v, Source::Env(name)));
+        let parsed = |name: &'static str| lookup(name).and_then(|v| v.trim().parse::<u64>().ok());
+        let max_isa = match lookup("MLX_SPEC_QMM_ISA").and_then(|v| Isa::parse(&v)) {
+            Some(isa) => Setting { value: isa, source: Source::Env("MLX_SPEC_QMM_ISA") },
+            None => Setting::default(Isa::Avx512f),
+        };
+        let threads = match parsed("MLX_SPEC_QMM_THREADS").filter(|&n| n > 0) {
+            Some(n) => Setting { value: Some(n as usize), source: Source::Env("MLX_SPEC_QMM_THREADS") },
+            None => Setting::default(None),
+        };
+        let pool_spin_us = match parsed("MLX_SPEC_POOL_SPIN_US") {
+            Some(us) => Setting {
+                value: us.min(u64::from(i32::MAX as u32)) as u32,
+                source: Source::Env("MLX_SPEC_POOL_SPIN_US"),
+            },
+            None => Setting::default(5000),
+        };
+        let gemv_routing = match lookup("MLX_SPEC_GEMV") {
+            Some(v) => Setting { value: !matches!(v.as_str(), "0" | "off"), source: Source::Env("MLX_SPEC_GEMV") },
+            None => Setting::default(true),
+        };
+        let blas = match env("MLX_SPEC_BLAS") {
+            Some((v, source)) => Setting { value: Some(v), source },
+            None => Setting::default(None),
+        };
+        let log = match env("MLX_SPEC_LOG") {
+            Some((value, source)) => Setting { value, source },
+            None => Setting::default(String::new()),
+        };
+        let cache_dir = if let Some((d, source)) = env("MLX_SPEC_CACHE") {
+            Setting { value: PathBuf::from(d), source }
+        } else if let Some((d, source)) = env("XDG_CACHE_HOME") {
+            Setting { value: PathBuf::from(d).join("mlx-spec"), source }
+        } else if let Some((h, source)) = env("HOME") {
+            Setting { value: PathBuf::from(h).join(".cache/mlx-spec"), source }
+        } else {
+            Setting::default(std::env::temp_dir().join("mlx-spec-cache"))
+        };
+        let python = match env("MLX_PYTHON") {
+            Some((value, source)) => Setting { value, source },
+            None => Setting::default("python3".into()),
+        };
+        Settings {
+            qmm: switch(&lookup, "MLX_SPEC_QMM"),
+            dense: switch(&lookup, "MLX_SPEC_DENSE"),
+            fast_norm_rope: switch(&lookup, "MLX_SPEC_FAST"),
+            sdpa: switch(&lookup, "MLX_SPEC_SDPA"),
+            max_isa,
+            process: ProcessSettings { blas, gemv_routing, threads, pool_spin_us },
+            log,
+            cache_dir,
+            python,
+        }
+    }
+
+    /// A new [`KernelPolicy`] with these switches and cap (and counters of its own).
+    pub fn kernel_policy(&self) -> KernelPolicy {
+        KernelPolicy {
+            qmm: self.qmm.value,
+            dense: self.dense.value,
+            fast_norm_rope: self.fast_norm_rope.value,
+            sdpa: self.sdpa.value,
+            max_isa: self.max_isa.value,
+            threads: None,
+            counters: KernelCounters::default(),
+        }
+    }
+
+    /// Every setting as `(variable, value, source, what it changes)`, in the README's order.
+    pub fn entries(&self) -> Vec<Entry> {
+        let on = |b: bool| if b { "on" } else { "mlx" }.to_string();
+        let p = &self.process;
+        vec![
+            Entry {
+                name: "MLX_SPEC_QMM",
+                value: on(self.qmm.value),
+                source: self.qmm.source,
+                about: "4/8-bit quantized matmuls on mlx-spec's CPU kernel (`mlx`: MLX's quantized_matmul)",
+            },
+            Entry {
+                name: "MLX_SPEC_DENSE",
+                value: on(self.dense.value),
+                source: self.dense.source,
+                about: "f32 matmuls of up to 32 rows on the CPU kernel (`mlx`: MLX's matmul, BLAS)",
+            },
+            Entry {
+                name: "MLX_SPEC_FAST",
+                value: on(self.fast_norm_rope.value),
+                source: self.fast_norm_rope.source,
+                about: "RMS norm and RoPE as one CPU node each (`mlx`: MLX's reference graphs)",
+            },
+            Entry {
+                name: "MLX_SPEC_SDPA",
+                value: on(self.sdpa.value),
+                source: self.sdpa.source,
+                about: "fused attention for up to 32 query rows (`mlx`: MLX's attention)",
+            },
+            Entry {
+                name: "MLX_SPEC_QMM_ISA",
+                value: self.max_isa.value.to_string(),
+                source: self.max_isa.source,
+                about: "instruction-set cap of the matmul kernel: portable, avx2+fma, avx512f",
+            },
+            Entry {
+                name: "MLX_SPEC_QMM_THREADS",
+                value: p.threads.value.map_or_else(|| "all cores".into(), |n| n.to_string()),
+                source: p.threads.source,
+                about: "threads of the CPU kernels' pool (process-wide)",
+            },
+            Entry {
+                name: "MLX_SPEC_POOL_SPIN_US",
+                value: p.pool_spin_us.value.to_string(),
+                source: p.pool_spin_us.source,
+                about: "microseconds idle pool workers spin after a quantized matmul before sleeping",
+            },
+            Entry {
+                name: "MLX_SPEC_BLAS",
+                value: p.blas.value.clone().unwrap_or_else(|| "auto".into()),
+                source: p.blas.source,
+                about: "BLAS for f32 matmuls: openblas, reference or a library path (auto: OpenBLAS if present)",
+            },
+            Entry {
+                name: "MLX_SPEC_GEMV",
+                value: if p.gemv_routing.value { "on" } else { "off" }.into(),
+                source: p.gemv_routing.source,
+                about: "one-row/one-column sgemm calls rewritten as sgemv (`off` or `0`: plain sgemm)",
+            },
+            Entry {
+                name: "MLX_SPEC_LOG",
+                value: if self.log.value.is_empty() { "error".into() } else { self.log.value.clone() },
+                source: self.log.source,
+                about: "tracing filter of the CLI's log on stderr (e.g. `debug`, `models=debug`)",
+            },
+            Entry {
+                name: "MLX_SPEC_CACHE",
+                value: self.cache_dir.value.display().to_string(),
+                source: self.cache_dir.source,
+                about: "cache directory (MLX wheel at build time, fetched models and GGUF files)",
+            },
+            Entry {
+                name: "MLX_PYTHON",
+                value: self.python.value.clone(),
+                source: self.python.source,
+                about: "Python that runs pip for fetched wheels (also the build script's)",
+            },
+        ]
+    }
+}
+
+/// Hands [`Settings::global`]'s [`ProcessSettings`] to the C++ side (BLAS, sgemv routing,
+/// pool threads and spin), once per process. mlx-core calls it before every evaluation, so
+/// it runs before the first `cblas_sgemm`; later calls return at once.
+pub fn apply_process() {
+    static APPLIED: Once = Once::new();
+    APPLIED.call_once(|| {
+        let p = &Settings::global().process;
+        if let Some(n) = p.threads.value {
+            ffi::cpu_qmm_set_threads(n.min(i32::MAX as usize) as i32);
+        }
+        ffi::cpu_pool_set_spin_us(p.pool_spin_us.value.min(i32::MAX as u32) as i32);
+        if !p.gemv_routing.value {
+            ffi::blas_set_gemv_routing(false);
+        }
+        if let Some(want) = &p.blas.value
+            && mlx_sys::HAS_BLAS_SWITCH
+            && !ffi::blas_select(want)
+        {
+            eprintln!(
+                "mlx-spec: MLX_SPEC_BLAS={want}: cannot load a cblas_sgemm from it; using the reference BLAS \
+                 (expected openblas, reference, or the path of a CBLAS library)"
+            );
+            ffi::blas_select("reference");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(pairs: &[(&str, &str)]) -> Settings {
+        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::from_lookup(move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        let s = from(&[]);
+        assert!(s.qmm.value && s.dense.value && s.fast_norm_rope.value && s.sdpa.value);
+        assert_eq!(s.max_isa, Setting { value: Isa::Avx512f, source: Source::Default });
+        assert_eq!(s.process.pool_spin_us.value, 5000);
+        assert_eq!(s.process.threads.value, None);
+        assert!(s.process.gemv_routing.value);
+        assert_eq!(s.python.value, "python3");
+        assert!(s.entries().iter().all(|e| e.source == Source::Default));
+        assert_eq!(s.entries().len(), 12);
+    }
+
+    #[test]
+    fn variables_and_their_sources() {
+        let s = from(&[
+            ("MLX_SPEC_QMM", "mlx"),
+            ("MLX_SPEC_SDPA", "0"),
+            ("MLX_SPEC_FAST", "on"),
+            ("MLX_SPEC_QMM_ISA", "avx2"),
+            ("MLX_SPEC_QMM_THREADS", "3"),
+            ("MLX_SPEC_POOL_SPIN_US", "100"),
+            ("MLX_SPEC_GEMV", "off"),
+            ("MLX_SPEC_CACHE", "/c"),
+            ("XDG_CACHE_HOME", "/x"),
+        ]);
+        assert_eq!(s.qmm, Setting { value: false, source: Source::Env("MLX_SPEC_QMM") });
+        assert!(!s.sdpa.value && s.fast_norm_rope.value && s.dense.value);
+        assert_eq!(s.dense.source, Source::Default);
+        assert_eq!(s.max_isa.value, Isa::Avx2Fma);
+        assert_eq!(s.process.threads.value, Some(3));
+        assert_eq!(s.process.pool_spin_us.value, 100);
+        assert!(!s.process.gemv_routing.value);
+        assert_eq!(s.cache_dir, Setting { value: PathBuf::from("/c"), source: Source::Env("MLX_SPEC_CACHE") });
+        let p = s.kernel_policy();
+        assert!(!p.qmm && p.dense && p.fast_norm_rope && !p.sdpa && p.max_isa == Isa::Avx2Fma);
+        let xdg = from(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
+        assert_eq!(xdg.cache_dir.value, PathBuf::from("/x/mlx-spec"));
+        assert_eq!(from(&[("HOME", "/h")]).cache_dir.value, PathBuf::from("/h/.cache/mlx-spec"));
+    }
+
+    #[test]
+    fn clones_share_counters_new_policies_do_not() {
+        let a = KernelPolicy::all_on();
+        let b = a.clone();
+        a.count(Kernel::Qmm);
+        b.count(Kernel::Sdpa);
+        assert_eq!(a.calls(), KernelCalls { qmm: 1, sdpa: 1, ..KernelCalls::default() });
+        assert_eq!(b.clone().with_new_counters().calls(), KernelCalls::default());
+        assert_eq!(a, b);
+        assert_ne!(a, KernelPolicy::mlx());
+    }
+}
