@@ -83,7 +83,7 @@ pub fn run(a: Args, root: &Path, cargo: impl Fn() -> Command) -> Result<()> {
     let model = match a.model {
         Some(m) => m,
         None => {
-            let models = PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/mlx-spec/models");
+            let models = mlx_core::Settings::global().cache_dir.value.join("models");
             let big = models.join("qwen2.5-coder-1.5b-instruct");
             if big.join("config.json").is_file() { big } else { models.join("qwen2.5-coder-0.5b-instruct") }
         }

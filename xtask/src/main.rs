@@ -409,8 +409,7 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     let (blas, openblas) = blas_in_use(&bin)?;
     println!("BLAS: {blas}");
     let models = if a.model.is_empty() {
-        let home = std::env::var("HOME").unwrap_or_default();
-        vec![PathBuf::from(home).join(".cache/mlx-spec/models/smollm2-135m-instruct")]
+        vec![models::default_model::default_model_path()]
     } else {
         a.model.clone()
     };
