@@ -408,11 +408,7 @@ fn bench_generate(a: BenchGenerateArgs) -> Result<()> {
     let script = root().join("xtask/scripts/mlx_lm_generate.py");
     let (blas, openblas) = blas_in_use(&bin)?;
     println!("BLAS: {blas}");
-    let models = if a.model.is_empty() {
-        vec![models::default_model::default_model_path()]
-    } else {
-        a.model.clone()
-    };
+    let models = if a.model.is_empty() { vec![models::default_model::default_model_path()] } else { a.model.clone() };
     println!(
         "{:<44} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}{}",
         "model / dtype",

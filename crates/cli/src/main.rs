@@ -86,6 +86,9 @@ fn main() -> Result<()> {
     // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
     // quantize-drafter, the default model's first import) remove its staging directory.
     mlx_core::io::model_dir::clean_up_on_signals().context("installing the SIGINT/SIGTERM cleanup")?;
+    for line in &mlx_core::Settings::global().invalid {
+        eprintln!("warning: {line}");
+    }
     match Cli::parse().command {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),

@@ -339,6 +339,10 @@ pub struct Settings {
     pub cache_dir: Setting<PathBuf>,
     /// The Python that runs pip for fetched wheels (`MLX_PYTHON`, default `python3`).
     pub python: Setting<String>,
+    /// One line per variable whose value did not parse and was replaced by the default
+    /// (`MLX_SPEC_QMM_ISA=avx9: expected portable, avx2+fma or avx512f; using avx512f`); the
+    /// CLI prints them as warnings.
+    pub invalid: Vec<String>,
 }
 
 /// One row of [`Settings::entries`].
@@ -374,16 +378,31 @@ impl Settings {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Settings {
         let lookup = |name: &str| lookup(name).filter(|v| !v.is_empty());
         let env = |name: &'static str| lookup(name).map(|v| (v, Source::Env(name)));
-        let parsed = |name: &'static str| lookup(name).and_then(|v| v.trim().parse::<u64>().ok());
-        let max_isa = match lookup("MLX_SPEC_QMM_ISA").and_then(|v| Isa::parse(&v)) {
-            Some(isa) => Setting { value: isa, source: Source::Env("MLX_SPEC_QMM_ISA") },
+        let invalid = std::cell::RefCell::new(Vec::new());
+        let refuse = |name: &str, value: &str, expected: &str, default: &str| {
+            invalid.borrow_mut().push(format!("{name}={value}: expected {expected}; using {default}"));
+        };
+        let parsed = |name: &'static str, default: &str| {
+            let v = lookup(name)?;
+            let n = v.trim().parse::<u64>().ok();
+            if n.is_none() {
+                refuse(name, &v, "a whole number", default);
+            }
+            n
+        };
+        let max_isa = match lookup("MLX_SPEC_QMM_ISA").map(|v| (Isa::parse(&v), v)) {
+            Some((Some(isa), _)) => Setting { value: isa, source: Source::Env("MLX_SPEC_QMM_ISA") },
+            Some((None, v)) => {
+                refuse("MLX_SPEC_QMM_ISA", &v, "portable, avx2+fma or avx512f", "avx512f");
+                Setting::default(Isa::Avx512f)
+            }
             None => Setting::default(Isa::Avx512f),
         };
-        let threads = match parsed("MLX_SPEC_QMM_THREADS").filter(|&n| n > 0) {
+        let threads = match parsed("MLX_SPEC_QMM_THREADS", "one per core").filter(|&n| n > 0) {
             Some(n) => Setting { value: Some(n as usize), source: Source::Env("MLX_SPEC_QMM_THREADS") },
             None => Setting::default(None),
         };
-        let pool_spin_us = match parsed("MLX_SPEC_POOL_SPIN_US") {
+        let pool_spin_us = match parsed("MLX_SPEC_POOL_SPIN_US", "5000") {
             Some(us) => Setting {
                 value: us.min(u64::from(i32::MAX as u32)) as u32,
                 source: Source::Env("MLX_SPEC_POOL_SPIN_US"),
@@ -425,6 +444,7 @@ impl Settings {
             log,
             cache_dir,
             python,
+            invalid: invalid.into_inner(),
         }
     }
 
@@ -597,6 +617,21 @@ mod tests {
         let xdg = from(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
         assert_eq!(xdg.cache_dir.value, PathBuf::from("/x/mlx-spec"));
         assert_eq!(from(&[("HOME", "/h")]).cache_dir.value, PathBuf::from("/h/.cache/mlx-spec"));
+    }
+
+    #[test]
+    fn values_that_do_not_parse_are_named_and_keep_the_default() {
+        let s = from(&[("MLX_SPEC_QMM_ISA", "avx9"), ("MLX_SPEC_POOL_SPIN_US", "abc"), ("MLX_SPEC_QMM_THREADS", "3")]);
+        assert_eq!(s.max_isa, Setting { value: Isa::Avx512f, source: Source::Default });
+        assert_eq!(s.process.pool_spin_us.value, 5000);
+        assert_eq!(
+            s.invalid,
+            [
+                "MLX_SPEC_QMM_ISA=avx9: expected portable, avx2+fma or avx512f; using avx512f",
+                "MLX_SPEC_POOL_SPIN_US=abc: expected a whole number; using 5000",
+            ]
+        );
+        assert!(from(&[]).invalid.is_empty());
     }
 
     #[test]
