@@ -359,7 +359,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub fn calibrate(target: &Transformer, reps: usize) -> Result<CostCurve> {
     let what = || "calibrating the target's cost curve".to_string();
     let vocab = target.config.vocab_size.max(2) as u32;
-    let ctx: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 11) % vocab).collect();
+    let ctx: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
     let reach = target.make_cache().rollback_reach().unwrap_or(usize::MAX);
     let windows: Vec<usize> = CALIBRATION_WINDOWS.iter().copied().filter(|&w| w <= reach.saturating_add(1)).collect();
     let fresh = |cache: &mut ModelCache| -> Result<()> {
