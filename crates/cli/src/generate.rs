@@ -17,7 +17,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
 use spec::ngram::DraftSchedule;
-use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
+use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
 use spec::{Acceptance, SpecOptions, SpecStats, speculative_generate};
 
 use crate::{import_progress, parse_dtype};
@@ -86,6 +86,13 @@ pub(crate) struct GenerateArgs {
     /// `constant` (all of them) [default: heuristic].
     #[arg(long, value_parser = listed::<DraftSchedule>(&["heuristic", "constant"]))]
     ngram_schedule: Option<DraftSchedule>,
+    /// How many drafts a round verifies, with the suffix drafter or a draft model:
+    /// `adaptive` (the cost-aware policy: the window that maximises expected tokens per unit
+    /// of the target's measured verify cost, none when no window pays) or `fixed` (every
+    /// proposed token up to --num-draft-tokens) [default: adaptive for suffix, fixed for a
+    /// draft model].
+    #[arg(long, value_parser = listed::<DraftLength>(&["adaptive", "fixed"]))]
+    draft_length: Option<DraftLength>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
     /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
     /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
@@ -122,6 +129,9 @@ fn describe_human(drafter: &serde_json::Value) -> String {
             drafter["schedule"].as_str().unwrap_or("?")
         ),
         Some("dspark") => format!("DSpark drafter {}", drafter["path"].as_str().unwrap_or("?")),
+        Some("model") if drafter["policy"].is_string() => {
+            format!("draft model {} (cost-aware length)", drafter["path"].as_str().unwrap_or("?"))
+        }
         _ => format!("draft model {}", drafter["path"].as_str().unwrap_or("?")),
     }
 }
@@ -151,6 +161,7 @@ fn drafter_args(a: &GenerateArgs) -> DrafterArgs {
         ngram_min: a.ngram_min,
         ngram_schedule: a.ngram_schedule,
         confidence_threshold: a.confidence_threshold,
+        draft_length: a.draft_length,
         acceptance: a.acceptance,
     }
 }

@@ -181,7 +181,8 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
 
 #[test]
 fn ignored_flag_combinations_are_errors() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
+        (&["--draft-kind", "ngram", "--draft-length", "fixed"], "--draft-length applies"),
         (&["--ngram-max", "2"], "--draft-kind ngram"),
         (&["--ngram-schedule", "constant"], "--draft-kind ngram"),
         (&["--draft-kind", "none", "--num-draft-tokens", "4"], "needs a drafter"),

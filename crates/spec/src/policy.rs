@@ -146,6 +146,8 @@ pub enum Origin {
     Own,
     /// An earlier request's stream (the cross-request store).
     Store,
+    /// A draft model.
+    Model,
 }
 
 /// What the survival estimates are keyed by: the origin and the match length's bucket
@@ -238,7 +240,11 @@ impl AcceptanceModel {
         let map: serde_json::Map<String, serde_json::Value> = keys
             .into_iter()
             .map(|k| {
-                let origin = if k.origin == Origin::Own { "own" } else { "store" };
+                let origin = match k.origin {
+                    Origin::Own => "own",
+                    Origin::Store => "store",
+                    Origin::Model => "model",
+                };
                 let s: Vec<f64> = self.survival(k, 8).iter().map(|s| (s * 1000.0).round() / 1000.0).collect();
                 let n = self.counts[&k].first().map_or(0.0, |c| c.1);
                 (format!("{origin}/{}", NAMES[usize::from(k.bucket)]), serde_json::json!({"s": s, "observed": n}))

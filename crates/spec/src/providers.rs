@@ -61,6 +61,28 @@ impl std::str::FromStr for DraftKind {
     }
 }
 
+/// How many drafts a round verifies (`--draft-length`): the policy's choice or all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftLength {
+    /// The cost-aware policy of [`crate::policy`] picks `0..=num_draft_tokens` each round.
+    Adaptive,
+    /// Every token the drafter proposes, up to `num_draft_tokens`.
+    Fixed,
+}
+
+impl std::str::FromStr for DraftLength {
+    type Err = String;
+
+    /// Parses `adaptive` or `fixed`.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "adaptive" => Ok(DraftLength::Adaptive),
+            "fixed" => Ok(DraftLength::Fixed),
+            _ => Err(format!("unknown draft length `{s}`: expected `adaptive` or `fixed`")),
+        }
+    }
+}
+
 /// The drafting options as a command line states them: every field optional, nothing
 /// checked yet. The error messages of [`DrafterSpec::from_args`] name the `mlx-spec
 /// generate` flag of each field.
@@ -81,6 +103,9 @@ pub struct DrafterArgs {
     pub ngram_schedule: Option<DraftSchedule>,
     /// `--confidence-threshold`: DSpark drafters only [default: 0, off].
     pub confidence_threshold: Option<f32>,
+    /// `--draft-length`: suffix drafting and draft models only [default: adaptive for
+    /// suffix, fixed for a draft model].
+    pub draft_length: Option<DraftLength>,
     /// `--acceptance`: only checked here (a rule other than exact match needs a drafter);
     /// the caller passes it on in [`crate::SpecOptions`].
     pub acceptance: Acceptance,
@@ -167,6 +192,9 @@ pub enum DrafterSpec {
         num_draft_tokens: Option<usize>,
         /// How the draft model picks its tokens ([`DraftSampling::Request`] by default).
         sampling: DraftSampling,
+        /// Whether the cost-aware policy picks each round's length (up to
+        /// `num_draft_tokens`, default [`two_model::DEFAULT_ADAPTIVE_DRAFT_TOKENS`]).
+        adaptive: bool,
     },
     /// A DeepSpec DSpark / DFlash drafter checkpoint drafts a block per round.
     DSpark {
@@ -237,6 +265,9 @@ impl DrafterSpec {
         if kind != Some(DraftKind::Model) && a.confidence_threshold.is_some() {
             return invalid("--confidence-threshold applies to DSpark drafters (--draft-model DIR) only".into());
         }
+        if a.draft_length.is_some() && !matches!(kind, Some(DraftKind::Suffix | DraftKind::Model)) {
+            return invalid("--draft-length applies to --draft-kind suffix and --draft-model DIR only".into());
+        }
         if kind.is_none() && a.acceptance != Acceptance::ExactMatch {
             return invalid("--acceptance needs a drafter: drop --draft-kind none".into());
         }
@@ -246,6 +277,7 @@ impl DrafterSpec {
                 let defaults = SuffixSpec::default();
                 Ok(DrafterSpec::Suffix(SuffixSpec {
                     num_draft_tokens: a.num_draft_tokens.unwrap_or(defaults.num_draft_tokens),
+                    adaptive: a.draft_length != Some(DraftLength::Fixed),
                     ..defaults
                 }))
             }
@@ -269,6 +301,9 @@ impl DrafterSpec {
                 let dir = a.draft_model.clone().expect("kind Model has a directory");
                 check_model_dir(&dir, "--draft-model")?;
                 if is_dspark_dir(&dir) {
+                    if a.draft_length.is_some() {
+                        return invalid(format!("--draft-length: {} is a DSpark drafter", dir.display()));
+                    }
                     let confidence_threshold = a.confidence_threshold.unwrap_or(0.0);
                     return Ok(DrafterSpec::DSpark { dir, num_draft_tokens: a.num_draft_tokens, confidence_threshold });
                 }
@@ -276,7 +311,8 @@ impl DrafterSpec {
                     return invalid(format!("--confidence-threshold: {} is not a DSpark drafter", dir.display()));
                 }
                 let sampling = DraftSampling::default();
-                Ok(DrafterSpec::Model { dir, num_draft_tokens: a.num_draft_tokens, sampling })
+                let adaptive = a.draft_length == Some(DraftLength::Adaptive);
+                Ok(DrafterSpec::Model { dir, num_draft_tokens: a.num_draft_tokens, sampling, adaptive })
             }
         }
     }
@@ -324,7 +360,12 @@ impl DrafterSpec {
             DrafterSpec::Ngram(n) => serde_json::json!({
                 "kind": "ngram", "ngram_max": n.max, "ngram_min": n.min, "schedule": n.schedule.name(),
             }),
-            DrafterSpec::Model { dir, .. } => serde_json::json!({"kind": "model", "path": dir.display().to_string()}),
+            DrafterSpec::Model { dir, adaptive: false, .. } => {
+                serde_json::json!({"kind": "model", "path": dir.display().to_string()})
+            }
+            DrafterSpec::Model { dir, adaptive: true, .. } => {
+                serde_json::json!({"kind": "model", "path": dir.display().to_string(), "policy": "cost-aware"})
+            }
             DrafterSpec::DSpark { dir, .. } => serde_json::json!({"kind": "dspark", "path": dir.display().to_string()}),
         }
     }
@@ -357,13 +398,22 @@ impl DrafterSpec {
                     .with_confidence_threshold(*confidence_threshold);
                 LoadedDrafter { provider: Box::new(provider), num_draft_tokens }
             }
-            DrafterSpec::Model { dir, num_draft_tokens, sampling } => {
+            DrafterSpec::Model { dir, num_draft_tokens, sampling, adaptive } => {
                 let name = dir.display().to_string();
                 let draft_tok = Tokenizer::from_dir(dir).context(|| format!("loading the tokenizer of {name}"))?;
                 check_tokenizers(&draft_tok, target.tokenizer, &name, &target.dir.display().to_string())?;
                 let model = load_model(dir, target.load).context(|| format!("loading draft model {name}"))?;
-                let provider = TwoModelProvider::new(model, name).with_sampling(*sampling);
-                let num_draft_tokens = num_draft_tokens.unwrap_or(two_model::DEFAULT_NUM_DRAFT_TOKENS);
+                let mut provider = TwoModelProvider::new(model, name).with_sampling(*sampling);
+                if *adaptive {
+                    let cache = |dir: &Path| CostModel::measure(Some(CurveCache::for_model(dir, target.load.dtype)));
+                    provider = provider.with_policy(cache(target.dir), cache(dir));
+                }
+                let default = if *adaptive {
+                    two_model::DEFAULT_ADAPTIVE_DRAFT_TOKENS
+                } else {
+                    two_model::DEFAULT_NUM_DRAFT_TOKENS
+                };
+                let num_draft_tokens = num_draft_tokens.unwrap_or(default);
                 LoadedDrafter { provider: Box::new(provider), num_draft_tokens }
             }
         };
@@ -504,5 +554,14 @@ mod tests {
         assert_eq!("model".parse::<DraftKind>(), Ok(DraftKind::Model));
         assert!("ngrams".parse::<DraftKind>().is_err());
         assert!("fast".parse::<DraftSchedule>().is_err());
+        assert_eq!("adaptive".parse::<DraftLength>(), Ok(DraftLength::Adaptive));
+        assert!("slow".parse::<DraftLength>().is_err());
+        let fixed = DrafterArgs { draft_length: Some(DraftLength::Fixed), ..DrafterArgs::default() };
+        assert_eq!(
+            DrafterSpec::from_args(&fixed).unwrap(),
+            DrafterSpec::Suffix(SuffixSpec { adaptive: false, ..SuffixSpec::default() })
+        );
+        let e = DrafterSpec::from_args(&DrafterArgs { draft_length: Some(DraftLength::Fixed), ..ngram_args() });
+        assert!(e.unwrap_err().to_string().contains("--draft-length applies"));
     }
 }

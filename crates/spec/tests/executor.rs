@@ -2,7 +2,7 @@
 //! plain output token for token, greedy and seeded-sampled, for every num_draft_tokens in
 //! 1..=12 and every source (n-gram, suffix with every proposed token or under the cost-aware
 //! policy, with a cross-request store shared by every case, two-model with each fixture as
-//! drafter, a source that proposes garbage); EOS and max_tokens mid-window; a target cache that cannot trim; the
+//! drafter, with a fixed or a cost-aware length, a source that proposes garbage); EOS and max_tokens mid-window; a target cache that cannot trim; the
 //! stats invariants. Property tests run with a fixed seed, so every run checks the same cases.
 mod common;
 
@@ -94,6 +94,11 @@ fn adaptive_suffix() -> SuffixProvider {
     SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.05, 33)))
 }
 
+/// Cheap fixed cost curves for a draft model under the cost-aware policy.
+fn model_policy(p: TwoModelProvider) -> TwoModelProvider {
+    p.with_policy(CostModel::fixed(CostCurve::linear(0.05, 33)), CostModel::fixed(CostCurve::linear(0.05, 33)))
+}
+
 /// Runs the suffix drafter twice on one case: every proposed token, then the policy's
 /// choice (a source of `adaptive`, whose store holds the earlier cases' streams).
 fn check_suffix(
@@ -124,6 +129,8 @@ fn greedy_speculative_equals_greedy_plain() {
     let drafters: Vec<Transformer> = DRAFTERS.iter().map(|d| load(d)).collect();
     let strategy = (prompt_strategy(), 0usize..DRAFTERS.len(), any::<u64>());
     let adaptive = adaptive_suffix();
+    let adaptive_two: Vec<TwoModelProvider> =
+        DRAFTERS.iter().map(|d| model_policy(TwoModelProvider::new(load(d), *d))).collect();
     runner(4)
         .run(&strategy, |(prompt, drafter, seed)| {
             let params = GenerateParams { max_tokens: 16, sampler: Sampler::default(), eos: vec![] };
@@ -139,6 +146,9 @@ fn greedy_speculative_equals_greedy_plain() {
                 let mut two = TwoModelSource::new(&drafters[drafter], Sampler::default(), DRAFTERS[drafter]);
                 let label = format!("two-model {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, &mut two, &prompt, &params, n), &params)?;
+                let mut two = adaptive_two[drafter].open(&target, &params.sampler).unwrap();
+                let label = format!("two-model adaptive {} n={n}", DRAFTERS[drafter]);
+                check_run(&label, &want, spec_run(&target, two.as_mut(), &prompt, &params, n), &params)?;
                 let mut garbage = Garbage::new(seed ^ n as u64);
                 check_run(
                     &format!("garbage n={n}"),
@@ -165,6 +175,9 @@ fn seeded_sampled_speculative_equals_seeded_plain() {
             let want = plain(&target, &prompt, &params);
             let provider =
                 TwoModelProvider::new(load(DRAFTERS[drafter]), DRAFTERS[drafter]).with_sampling(DraftSampling::Request);
+            let adaptive_two = model_policy(
+                TwoModelProvider::new(load(DRAFTERS[drafter]), DRAFTERS[drafter]).with_sampling(DraftSampling::Request),
+            );
             check_suffix(&target, &adaptive, &want, &prompt, &params, 32)?;
             for n in 1..=12 {
                 check_suffix(&target, &adaptive, &want, &prompt, &params, n)?;
@@ -173,6 +186,9 @@ fn seeded_sampled_speculative_equals_seeded_plain() {
                 let mut coupled = provider.open(&target, &params.sampler).unwrap();
                 let label = format!("two-model sampled {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, coupled.as_mut(), &prompt, &params, n), &params)?;
+                let mut adaptive = adaptive_two.open(&target, &params.sampler).unwrap();
+                let label = format!("two-model sampled adaptive {} n={n}", DRAFTERS[drafter]);
+                check_run(&label, &want, spec_run(&target, adaptive.as_mut(), &prompt, &params, n), &params)?;
                 let mut greedy = TwoModelSource::new(&drafters[drafter], Sampler::default(), DRAFTERS[drafter]);
                 let label = format!("two-model greedy {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, &mut greedy, &prompt, &params, n), &params)?;
