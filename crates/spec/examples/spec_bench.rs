@@ -3,9 +3,11 @@
 //!
 //! Loads one target (and up to two draft models, when given) once, then for each prompt of a
 //! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
-//! plain decoding, n-gram speculative decoding (γ 10, constant and heuristic schedules) and
-//! two-model speculative decoding (γ 3; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
-//! second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
+//! plain decoding, the default drafter (`suffix`: the suffix drafter under the cost-aware
+//! length policy; `suffix-fixed`: every proposed token), n-gram speculative decoding (γ 10,
+//! constant and heuristic schedules) and two-model speculative decoding (γ 3, and
+//! `two-model-adaptive`: the cost-aware policy up to γ 8; `--draft-b`, e.g. a 4-bit copy of
+//! the drafter, as a second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
 //! noise hits every arm alike. With `--temp` above 0 every arm samples (prompt `i` with seed
 //! `i`; exact match keeps the outputs equal to plain decoding's), and each two-model arm gets
 //! a `-greedy-draft` twin whose draft model picks the argmax instead of sampling with the
@@ -14,7 +16,10 @@
 //! decode tokens/s of each arm (emitted tokens over decode time, prefill excluded), its
 //! ratio to plain, the steady rate (tokens after the second over the time since the second
 //! was handed over: no prefill, no first round, no re-prefill), tau and acceptance rate, and
-//! whether every output equaled plain's; with `--json FILE` also the raw numbers.
+//! whether every output equaled plain's; then per prompt kind and arm the per-prompt tokens/s
+//! ratio to plain (median and minimum over prompts), tau, and the ratio the cost model
+//! predicts from the target's measured t(T) and the rounds the arm ran (target forwards
+//! only: drafting and bookkeeping are the gap); with `--json FILE` also the raw numbers.
 //!
 //! `--fallback-arm` adds the `fallback` arm: speculative decoding whose target cache refuses
 //! every rollback without declaring it (`rollback_reach` `None`, a test double over
@@ -42,8 +47,9 @@ use models::generate::generate;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::ngram::DraftSchedule;
+use spec::policy::{CostModel, CurveCache, predicted_ratio};
 use spec::prompts::{PromptKind, load_prompts};
-use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
+use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
 use spec::two_model::DraftSampling;
 use spec::{DraftProvider, DraftSource, speculative_generate_with_cache};
 
@@ -218,17 +224,30 @@ fn main() -> Result<()> {
     };
     // (name, provider, drafts per round); "plain" is slot 0.
     let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = Vec::new();
+    let suffix = |draft_length| DrafterArgs { draft_length, ..DrafterArgs::default() };
+    for (name, length) in [("suffix", None), ("suffix-fixed", Some(DraftLength::Fixed))] {
+        let (provider, n) = build(suffix(length), DraftSampling::default())?;
+        providers.push((name, provider, n));
+    }
     for (name, schedule) in [("ngram", DraftSchedule::Constant), ("ngram-heur", DraftSchedule::Heuristic)] {
         let (provider, n) = build(ngram(schedule), DraftSampling::default())?;
         providers.push((name, provider, n));
     }
     let sampled = a.temp > 0.0;
-    for (name, greedy_name, dir) in
-        [("two-model", "two-model-greedy-draft", &a.draft), ("two-model-b", "two-model-b-greedy-draft", &a.draft_b)]
-    {
+    for (name, greedy_name, adaptive_name, dir) in [
+        ("two-model", "two-model-greedy-draft", "two-model-adaptive", &a.draft),
+        ("two-model-b", "two-model-b-greedy-draft", "two-model-b-adaptive", &a.draft_b),
+    ] {
         if let Some(dir) = dir {
             let (provider, n) = build(model(dir), DraftSampling::Request)?;
             providers.push((name, provider, n));
+            let adaptive = DrafterArgs {
+                draft_length: Some(DraftLength::Adaptive),
+                num_draft_tokens: Some(a.num_draft_tokens.max(8)),
+                ..model(dir)
+            };
+            let (provider, n) = build(adaptive, DraftSampling::Request)?;
+            providers.push((adaptive_name, provider, n));
             if sampled {
                 let (provider, n) = build(model(dir), DraftSampling::Greedy)?;
                 providers.push((greedy_name, provider, n));
@@ -244,6 +263,10 @@ fn main() -> Result<()> {
         }
         providers.retain(|p| keep.iter().any(|k| k == p.0));
     }
+    // The target's cost curve (measured once, or read from the cache the default drafter
+    // shares) for the predicted ratios.
+    let curve = CostModel::measure(Some(CurveCache::for_model(&a.target, Some(dtype)))).curve(&target)?;
+    eprintln!("target cost curve t(T), T = 1..: {}", curve.describe());
     let all = load_prompts(&a.prompts)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: 0 };
     let base = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
@@ -275,7 +298,9 @@ fn main() -> Result<()> {
             }
             let runs: Vec<Run> = runs.into_iter().map(|r| r.expect("every arm ran")).collect();
             let want = &runs[0].tokens;
-            let mut row = serde_json::json!({"source": p.source, "repeat": rep, "prompt_tokens": ids.len()});
+            let mut row = serde_json::json!({
+                "kind": format!("{kind:?}"), "source": p.source, "repeat": rep, "prompt_tokens": ids.len()
+            });
             for (slot, run) in runs.iter().enumerate() {
                 let arm = &mut sums[slot];
                 row[format!("{}_steady_tps", arms[slot])] = arm.add_steady(&run.times).into();
@@ -289,6 +314,7 @@ fn main() -> Result<()> {
                     arm.accepted += stats.accepted;
                     arm.drafted += stats.drafted;
                     row[format!("{}_tau", arms[slot])] = stats.tau.into();
+                    row[format!("{}_predicted", arms[slot])] = predicted_ratio(&curve, stats).into();
                     row[format!("{}_fallback_at", arms[slot])] = stats.fallback_at.into();
                 }
             }
@@ -341,8 +367,41 @@ fn main() -> Result<()> {
             }
         }
     }
+    // Per prompt kind: each arm's per-run tokens/s over plain's in the same run, median and
+    // minimum, with tau and the cost model's predicted ratio (median over runs).
+    println!("\n{:<10} {:<22} {:>9} {:>9} {:>6} {:>10}", "prompts", "arm", "median x", "min x", "tau", "predicted");
+    for kind in [PromptKind::Grounded, PromptKind::Free] {
+        let of_kind: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["kind"].as_str() == Some(format!("{kind:?}").as_str())).collect();
+        for arm in &arms[1..] {
+            let mut ratios: Vec<f64> = of_kind
+                .iter()
+                .filter_map(|r| Some(r[format!("{arm}_tps")].as_f64()? / r["plain_tps"].as_f64()?))
+                .collect();
+            let mut taus: Vec<f64> = of_kind.iter().filter_map(|r| r[format!("{arm}_tau")].as_f64()).collect();
+            let mut predicted: Vec<f64> =
+                of_kind.iter().filter_map(|r| r[format!("{arm}_predicted")].as_f64()).collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+            };
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            println!(
+                "{:<10} {:<22} {:>9.3} {:>9.3} {:>6.2} {:>10.3}",
+                format!("{kind:?}").to_lowercase(),
+                arm,
+                median(&mut ratios),
+                min,
+                median(&mut taus),
+                median(&mut predicted)
+            );
+        }
+    }
     if let Some(path) = &a.json {
-        let report = serde_json::json!({"prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
+        let report = serde_json::json!({"cost_curve": curve.describe(), "prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
