@@ -4,7 +4,8 @@
 //! Loads one target (and up to two draft models, when given) once, then for each prompt of a
 //! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
 //! plain decoding, the default drafter (`suffix`: the suffix drafter under the cost-aware
-//! length policy; `suffix-fixed`: every proposed token), n-gram speculative decoding (γ 10,
+//! length policy; `suffix-fixed`: every proposed token; both without the cross-request store,
+//! which would copy earlier runs of the same prompt), n-gram speculative decoding (γ 10,
 //! constant and heuristic schedules) and two-model speculative decoding (γ 3, and
 //! `two-model-adaptive`: the cost-aware policy up to γ 8; `--draft-b`, e.g. a 4-bit copy of
 //! the drafter, as a second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
@@ -49,7 +50,7 @@ use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Trans
 use spec::ngram::DraftSchedule;
 use spec::policy::{CostModel, CurveCache, predicted_ratio};
 use spec::prompts::{PromptKind, load_prompts};
-use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
+use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter, SuffixSpec};
 use spec::two_model::DraftSampling;
 use spec::{DraftProvider, DraftSource, speculative_generate_with_cache};
 
@@ -224,10 +225,12 @@ fn main() -> Result<()> {
     };
     // (name, provider, drafts per round); "plain" is slot 0.
     let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = Vec::new();
-    let suffix = |draft_length| DrafterArgs { draft_length, ..DrafterArgs::default() };
-    for (name, length) in [("suffix", None), ("suffix-fixed", Some(DraftLength::Fixed))] {
-        let (provider, n) = build(suffix(length), DraftSampling::default())?;
-        providers.push((name, provider, n));
+    // The default drafter without its cross-request store: the repetitions of a prompt
+    // (and the same prompt in other arms' runs) would otherwise be copied from earlier runs.
+    for (name, adaptive) in [("suffix", true), ("suffix-fixed", false)] {
+        let spec = DrafterSpec::Suffix(SuffixSpec { adaptive, store_requests: 0, ..SuffixSpec::default() });
+        let LoadedDrafter { provider, num_draft_tokens } = spec.load(draft_target)?.context("a drafter")?;
+        providers.push((name, provider, num_draft_tokens));
     }
     for (name, schedule) in [("ngram", DraftSchedule::Constant), ("ngram-heur", DraftSchedule::Heuristic)] {
         let (provider, n) = build(ngram(schedule), DraftSampling::default())?;
