@@ -107,6 +107,11 @@ struct Args {
     /// Runs of each prompt (every arm once per run, interleaved).
     #[arg(long, default_value_t = 1)]
     repeats: usize,
+    /// Also run this many two-turn edit sessions (the first grounded prompts; turn 2 asks to
+    /// repeat turn 1's answer with a change) and report turn 2: plain, `suffix` (no store)
+    /// and `suffix-store` (turn 1 ran through the same provider, whose store holds it).
+    #[arg(long, default_value_t = 0)]
+    two_turn: usize,
 }
 
 /// Totals of one arm over the prompts of one kind.
@@ -403,8 +408,14 @@ fn main() -> Result<()> {
             );
         }
     }
+    let two_turn_rows = if a.two_turn > 0 {
+        let sessions: Vec<_> = all.iter().filter(|p| p.kind == PromptKind::Grounded).take(a.two_turn).collect();
+        two_turn(&target, &tok, draft_target, &sessions, &base)?
+    } else {
+        Vec::new()
+    };
     if let Some(path) = &a.json {
-        let report = serde_json::json!({"cost_curve": curve.describe(), "prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
+        let report = serde_json::json!({"cost_curve": curve.describe(), "two_turn": two_turn_rows, "prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
@@ -412,6 +423,71 @@ fn main() -> Result<()> {
         bail!("a speculative output differed from plain decoding");
     }
     Ok(())
+}
+
+/// The two-turn edit sessions: turn 1 answers `p` (plain decoding, and through the
+/// `suffix-store` provider so its store holds the stream), turn 2 asks to repeat that answer
+/// with a change; prints per session turn 2's ratio to plain of `suffix` (no store) and
+/// `suffix-store`, with tau, and their medians.
+fn two_turn(
+    target: &Transformer,
+    tok: &Tokenizer,
+    draft_target: DraftTarget<'_>,
+    sessions: &[&spec::prompts::Prompt],
+    params: &GenerateParams,
+) -> Result<Vec<serde_json::Value>> {
+    use models::tokenizer::ChatMessage;
+    let load = |store_requests| -> Result<Box<dyn DraftProvider>> {
+        let spec = DrafterSpec::Suffix(SuffixSpec { store_requests, ..SuffixSpec::default() });
+        Ok(spec.load(draft_target)?.context("a drafter")?.provider)
+    };
+    let (no_store, with_store) = (load(0)?, load(16)?);
+    let mut rows = Vec::new();
+    println!("\ntwo-turn edit sessions, turn 2 (x plain, tau):");
+    for p in sessions {
+        let first_ids = p.ids(tok)?;
+        let first = plain(target, &first_ids, params)?;
+        speculative(target, with_store.as_ref(), false, &first_ids, params, 32)?;
+        let answer = tok.decode(&first.tokens, true)?;
+        let msgs = [
+            ChatMessage::user(p.prompt.clone()),
+            ChatMessage::assistant(answer),
+            ChatMessage::user(
+                "Repeat your previous answer in full, with one change: rename the main function to `solve`."
+                    .to_string(),
+            ),
+        ];
+        let ids = tok.encode(&tok.apply_chat_template(&msgs, true)?, false)?;
+        let base = plain(target, &ids, params)?;
+        let tps = |r: &Run| r.tokens.len() as f64 / r.decode_s.max(1e-9);
+        let mut row = serde_json::json!({"source": p.source, "prompt_tokens": ids.len(), "plain_tps": tps(&base)});
+        for (name, provider) in [("suffix", &no_store), ("suffix-store", &with_store)] {
+            let run = speculative(target, provider.as_ref(), false, &ids, params, 32)?;
+            if run.tokens != base.tokens {
+                bail!("two-turn {}: {name} output differs from plain", p.source);
+            }
+            let tau = run.stats.as_ref().map_or(0.0, |s| s.tau);
+            row[format!("{name}_ratio")] = (tps(&run) / tps(&base)).into();
+            row[format!("{name}_tau")] = tau.into();
+        }
+        println!(
+            "  {:<24} suffix {:.3}x (tau {:.2})  suffix-store {:.3}x (tau {:.2})",
+            p.source,
+            row["suffix_ratio"].as_f64().unwrap_or(0.0),
+            row["suffix_tau"].as_f64().unwrap_or(0.0),
+            row["suffix-store_ratio"].as_f64().unwrap_or(0.0),
+            row["suffix-store_tau"].as_f64().unwrap_or(0.0)
+        );
+        rows.push(row);
+    }
+    for name in ["suffix", "suffix-store"] {
+        let mut v: Vec<f64> = rows.iter().filter_map(|r| r[format!("{name}_ratio")].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        if let Some(m) = v.get(v.len() / 2) {
+            println!("  median turn-2 ratio, {name}: {m:.3}x over {} sessions", v.len());
+        }
+    }
+    Ok(rows)
 }
 
 /// 1 / the median time between consecutive tokens after the second (0 for fewer than 4
