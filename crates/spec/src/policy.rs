@@ -150,14 +150,17 @@ pub enum Origin {
     Model,
 }
 
-/// What the survival estimates are keyed by: the origin and the match length's bucket
-/// (1, 2, 3-4, 5-8, 9-16, 17-32, 33+ tokens).
+/// What the survival estimates are keyed by: the origin, the match length's bucket (1, 2,
+/// 3-4, 5-8, 9-16, 17-32, 33+ tokens) and whether the proposal continues the copy of the
+/// previous round (acceptance is bimodal: long inside a copy run, short after an edit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SurvivalKey {
     /// Where the proposal came from.
     pub origin: Origin,
     /// Match-length bucket, 0..=6.
     pub bucket: u8,
+    /// Whether the proposal continues the previous round's copy.
+    pub continues: bool,
 }
 
 /// Prior per-token acceptance by match-length bucket.
@@ -168,7 +171,8 @@ const PRIOR_WEIGHT: f64 = 2.0;
 const MAX_WEIGHT: f64 = 256.0;
 
 impl SurvivalKey {
-    /// The key of a proposal from `origin` whose match is `match_len` tokens long.
+    /// The key of a proposal from `origin` whose match is `match_len` tokens long and that
+    /// does not continue the previous copy (see [`SurvivalKey::continuing`]).
     pub fn new(origin: Origin, match_len: usize) -> Self {
         let bucket = match match_len {
             0 | 1 => 0,
@@ -179,7 +183,12 @@ impl SurvivalKey {
             17..=32 => 5,
             _ => 6,
         };
-        SurvivalKey { origin, bucket }
+        SurvivalKey { origin, bucket, continues: false }
+    }
+
+    /// The same key for a proposal that continues (`true`) the previous round's copy or not.
+    pub fn continuing(self, continues: bool) -> Self {
+        SurvivalKey { continues, ..self }
     }
 }
 
@@ -216,6 +225,8 @@ impl AcceptanceModel {
     /// The conditional acceptance estimate at position `j`.
     pub fn conditional(&self, key: SurvivalKey, j: usize) -> f64 {
         let prior = PRIOR_MEAN[usize::from(key.bucket).min(PRIOR_MEAN.len() - 1)];
+        // A continuing copy starts from a more confident prior.
+        let prior = if key.continues { 0.5 + 0.5 * prior } else { prior };
         let (a, n) = self.counts.get(&key).and_then(|v| v.get(j)).copied().unwrap_or((0.0, 0.0));
         (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
     }
@@ -231,8 +242,8 @@ impl AcceptanceModel {
             .collect()
     }
 
-    /// The estimates as JSON: per key (`"own/1"`, `"store/9-16"`), `s_1..s_8` and the
-    /// number of first-position observations.
+    /// The estimates as JSON: per key (`"own/1"`, `"store/9-16"`, `"own/5-8/copy"` for a
+    /// continuing copy), `s_1..s_8` and the number of first-position observations.
     pub fn describe(&self) -> serde_json::Value {
         const NAMES: [&str; 7] = ["1", "2", "3-4", "5-8", "9-16", "17-32", "33+"];
         let mut keys: Vec<_> = self.counts.keys().copied().collect();
@@ -247,7 +258,8 @@ impl AcceptanceModel {
                 };
                 let s: Vec<f64> = self.survival(k, 8).iter().map(|s| (s * 1000.0).round() / 1000.0).collect();
                 let n = self.counts[&k].first().map_or(0.0, |c| c.1);
-                (format!("{origin}/{}", NAMES[usize::from(k.bucket)]), serde_json::json!({"s": s, "observed": n}))
+                let copy = if k.continues { "/copy" } else { "" };
+                (format!("{origin}/{}{copy}", NAMES[usize::from(k.bucket)]), serde_json::json!({"s": s, "observed": n}))
             })
             .collect();
         serde_json::Value::Object(map)

@@ -534,8 +534,8 @@ impl SuffixSource {
     }
 
     /// The best proposal over the own history and the store: the longest match; the own
-    /// history on ties.
-    fn best_proposal(&mut self, n: usize) -> Option<(Origin, Proposal)> {
+    /// history on ties. The flag tells whether it continues the previous round's copy.
+    fn best_proposal(&mut self, n: usize) -> Option<(Origin, Proposal, bool)> {
         let len = self.index.tokens().len();
         let prefer = self.copy.map(|(end, then)| end + (len - then));
         let own = self.index.propose(n, prefer);
@@ -549,6 +549,7 @@ impl SuffixSource {
             }
         }
         let (origin, p, doc) = best?;
+        let continues = doc.is_none() && prefer == Some(p.end);
         match doc {
             None => self.copy = Some((p.end, len)),
             Some(i) => {
@@ -558,7 +559,7 @@ impl SuffixSource {
                 }
             }
         }
-        Some((origin, p))
+        Some((origin, p, continues))
     }
 }
 
@@ -603,8 +604,8 @@ impl DraftSource for SuffixSource {
         let proposal = self.best_proposal(if self.curve.is_some() { MAX_PROPOSAL } else { n });
         self.last_drafts = match proposal {
             None => Vec::new(),
-            Some((origin, p)) => {
-                let key = SurvivalKey::new(origin, p.match_len);
+            Some((origin, p, continues)) => {
+                let key = SurvivalKey::new(origin, p.match_len).continuing(continues);
                 let k = match &self.curve {
                     None => p.tokens.len().min(n),
                     Some(curve) => {
@@ -743,6 +744,33 @@ mod tests {
                 feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
             }
         }
+    }
+
+    /// Inside a copy run the policy drafts long windows, and its estimates are kept apart
+    /// for proposals that continue the previous round's copy.
+    #[test]
+    fn the_policy_learns_copy_runs() {
+        let provider = SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.2, 33))).with_store(0);
+        let block: Vec<u32> = (10..60).collect();
+        let mut prompt = block.clone();
+        prompt.extend(&block[..5]);
+        let mut src = provider.open_with_curve(Some(CostCurve::linear(0.2, 33)));
+        src.prefill(&prompt, None).unwrap();
+        // The target copies the block: every draft is accepted.
+        let (mut feed, mut step, mut lens) = (vec![block[4]], 0, Vec::new());
+        for _ in 0..6 {
+            let drafts = src.draft(&feed, 32, step).unwrap();
+            let d = drafts.len();
+            lens.push(d);
+            let at = prompt.len() + step;
+            let next = block[(at - 50 + d) % 50];
+            src.commit(d, d, None).unwrap();
+            feed = if d > 0 { vec![drafts[d - 1], next] } else { vec![next] };
+            step += d + 1;
+        }
+        assert!(lens[0] > 0 && lens.last() > lens.first(), "windows grow inside a copy run: {lens:?}");
+        let described = provider.acceptance().describe().to_string();
+        assert!(described.contains("/copy"), "{described}");
     }
 
     #[test]

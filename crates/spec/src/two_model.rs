@@ -40,7 +40,7 @@ struct RequestPolicy {
 }
 
 /// The key of a draft model's survival estimates (no match length: one bucket).
-const MODEL_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4 };
+const MODEL_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4, continues: false };
 
 /// Feeds longer than this are prefilled (no LM head) except their last token.
 const SMALL_FEED: usize = 8;
