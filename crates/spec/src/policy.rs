@@ -116,6 +116,15 @@ pub fn choose(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) ->
     if best >= plain * (1.0 + MIN_GAIN) { best_k } else { 0 }
 }
 
+/// The extra cost of a `k`-draft round that follows a plain step (a round that drafted
+/// nothing): the executor queued the next head's one-token forward ahead
+/// ([`crate::speculative_generate`]), so the window costs `t(1) + t(k)` instead of
+/// `t(1 + k)`. 0 for `k = 0` (the queued forward is the plain step) and when `after_plain`
+/// is false. Pass it (plus any drafting cost) as [`choose`]'s `draft_cost`.
+pub fn split_window_cost(curve: &CostCurve, k: usize, after_plain: bool) -> f64 {
+    if after_plain && k > 0 { (curve.t(1) + curve.t(k) - curve.t(1 + k)).max(0.0) } else { 0.0 }
+}
+
 /// The expected speed ratio to plain decoding of a round with `k` drafts:
 /// `(1 + sum_{i<=k} s_i) / t(1 + k)`.
 pub fn round_ratio(curve: &CostCurve, survival: &[f64], k: usize) -> f64 {
@@ -513,6 +522,11 @@ mod tests {
         assert_eq!(choose(&curve, &s, |_| 0.0), 4);
         // A drafting cost per token shortens the window.
         let curve = CostCurve::linear(0.2, 33);
+        // After a plain step the window costs t(1) + t(k): a 30%-survival first draft that
+        // pays at t(2) = 1.2 does not pay at t(1) + t(1) = 2.
+        assert_eq!(choose(&curve, &[0.3], |k| split_window_cost(&curve, k, false)), 1);
+        assert_eq!(choose(&curve, &[0.3], |k| split_window_cost(&curve, k, true)), 0);
+        assert!((split_window_cost(&curve, 4, true) - (1.0 + 1.6 - 1.8)).abs() < 1e-12);
         let s: Vec<f64> = (1..=32).map(|i| 0.9f64.powi(i)).collect();
         assert!(choose(&curve, &s, |k| 0.3 * k as f64) < 6);
     }

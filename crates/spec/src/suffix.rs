@@ -436,6 +436,7 @@ impl SuffixProvider {
             store: Some(self.store.clone()),
             acceptance: self.acceptance.clone(),
             curve: if self.adaptive { curve } else { None },
+            after_plain: false,
         }
     }
 }
@@ -485,6 +486,9 @@ pub struct SuffixSource {
     store: Option<Arc<Mutex<Store>>>,
     acceptance: Arc<Mutex<AcceptanceModel>>,
     curve: Option<CostCurve>,
+    /// Whether the last `draft` call proposed nothing (the executor then queued the next
+    /// head ahead: a window costs `t(1) + t(k)`).
+    after_plain: bool,
 }
 
 impl SuffixSource {
@@ -500,6 +504,7 @@ impl SuffixSource {
             store: None,
             acceptance: Arc::new(Mutex::new(AcceptanceModel::default())),
             curve: None,
+            after_plain: false,
         }
     }
 
@@ -583,6 +588,7 @@ impl DraftSource for SuffixSource {
         self.last_drafts.clear();
         self.shadow = None;
         self.copy = None;
+        self.after_plain = false;
         Ok(())
     }
 
@@ -610,7 +616,10 @@ impl DraftSource for SuffixSource {
                     None => p.tokens.len().min(n),
                     Some(curve) => {
                         let acc = self.acceptance.lock().expect("acceptance lock");
-                        crate::policy::choose(curve, &acc.survival(key, p.tokens.len().min(n)), |_| 0.0)
+                        let split = self.after_plain;
+                        crate::policy::choose(curve, &acc.survival(key, p.tokens.len().min(n)), |k| {
+                            crate::policy::split_window_cost(curve, k, split)
+                        })
                     }
                 };
                 let drafts = p.tokens[..k].to_vec();
@@ -618,6 +627,7 @@ impl DraftSource for SuffixSource {
                 drafts
             }
         };
+        self.after_plain = self.last_drafts.is_empty();
         Ok(self.last_drafts.clone())
     }
 

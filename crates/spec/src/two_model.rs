@@ -36,6 +36,8 @@ struct RequestPolicy {
     /// target's).
     per_draft: f64,
     acceptance: Arc<Mutex<AcceptanceModel>>,
+    /// Rounds in a row that drafted nothing (the executor then queues the next head ahead:
+    /// a window costs `t(1) + t(k)`).
     plain_rounds: usize,
 }
 
@@ -348,8 +350,10 @@ impl DraftSource for TwoModelSource<'_> {
             None => n,
             Some(p) => {
                 let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, n);
-                let per_draft = p.per_draft;
-                let k = crate::policy::choose(&p.curve, &survival, |k| k as f64 * per_draft);
+                let (per_draft, after_plain, curve) = (p.per_draft, p.plain_rounds > 0, &p.curve);
+                let k = crate::policy::choose(curve, &survival, |k| {
+                    k as f64 * per_draft + crate::policy::split_window_cost(curve, k, after_plain)
+                });
                 p.plain_rounds = if k == 0 { p.plain_rounds + 1 } else { 0 };
                 if k == 0 && p.plain_rounds > PROBE_AFTER_PLAIN_ROUNDS {
                     p.plain_rounds = 0;
