@@ -477,7 +477,9 @@ impl CostModel {
         let curve = match self.cache.as_ref().and_then(CurveCache::load) {
             Some(c) => c,
             None => {
+                tracing::info!(target: "spec::policy", "measuring the target's verify cost curve (first use)");
                 let c = calibrate(target, 3)?;
+                tracing::info!(target: "spec::policy", "cost curve t(T): {}", c.describe());
                 if let Some(cache) = &self.cache {
                     cache.store(&c);
                 }
