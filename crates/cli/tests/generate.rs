@@ -1,6 +1,7 @@
 //! `mlx-spec generate` end to end on SmolLM2-135M-Instruct (fetched into the cache on first
-//! use): every drafting flag reaches the executor (it shows in `--stats-json`), speculative
-//! output equals plain output, `MLX_SPEC_LOG=spec::round=debug` traces rounds, a draft model with another
+//! use): the default speculates with the adaptive suffix drafter and reports its cost curve,
+//! every drafting flag reaches the executor (it shows in `--stats-json`), speculative
+//! output equals plain output (`--draft-kind none`), `MLX_SPEC_LOG=spec::round=debug` traces rounds, a draft model with another
 //! tokenizer is refused, and flag combinations that would be ignored are errors.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -40,8 +41,22 @@ fn run(model: &Path, extra: &[&str]) -> (String, Value) {
 fn drafting_flags_reach_the_executor() {
     let model = smollm2();
     let dir = model.to_str().unwrap();
-    let (plain_text, plain) = run(&model, &[]);
+    let (plain_text, plain) = run(&model, &["--draft-kind", "none"]);
     assert!(plain.get("rounds").is_none(), "plain decoding reports no rounds: {plain}");
+
+    // The default: the suffix drafter under the cost-aware policy, with the curve it used.
+    let (text, default) = run(&model, &[]);
+    assert_eq!(text, plain_text, "default (suffix) output differs from plain");
+    assert_eq!(default["drafter"], serde_json::json!({"kind": "suffix", "policy": "cost-aware", "store_requests": 16}));
+    assert_eq!(default["num_draft_tokens"], 32);
+    assert_eq!(default["drafted_by_pos"].as_array().unwrap().len(), 32);
+    let t = default["policy"]["cost_curve"]["t"].as_array().unwrap();
+    assert_eq!(t.len(), 33, "{default}");
+    assert_eq!(t[0], 1.0);
+    assert!(default["predicted_ratio"].as_f64().unwrap() > 0.0, "{default}");
+    let (text, explicit) = run(&model, &["--draft-kind", "suffix", "--num-draft-tokens", "6"]);
+    assert_eq!(text, plain_text);
+    assert_eq!(explicit["num_draft_tokens"], 6);
 
     let (text, ngram) = run(&model, &["--draft-kind", "ngram"]);
     assert_eq!(text, plain_text, "n-gram output differs from plain");
@@ -90,12 +105,18 @@ fn drafting_flags_reach_the_executor() {
 fn sampled_speculative_output_equals_plain_with_the_same_seed() {
     let model = smollm2();
     let sampling = ["--temp", "0.8", "--top-p", "0.9", "--seed", "11"];
-    let (plain_text, _) = run(&model, &sampling);
+    let mut plain = sampling.to_vec();
+    plain.extend(["--draft-kind", "none"]);
+    let (plain_text, _) = run(&model, &plain);
     let mut args = sampling.to_vec();
     args.extend(["--draft-kind", "ngram"]);
     let (text, stats) = run(&model, &args);
     assert_eq!(text, plain_text);
     assert!(stats["rounds"].as_u64().unwrap() > 0);
+    // The default drafter, sampling with the same seed.
+    let (text, stats) = run(&model, &sampling);
+    assert_eq!(text, plain_text);
+    assert_eq!(stats["drafter"]["kind"], "suffix");
 }
 
 #[test]
@@ -160,10 +181,13 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
 
 #[test]
 fn ignored_flag_combinations_are_errors() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
+        (&["--draft-kind", "ngram", "--draft-length", "fixed"], "--draft-length applies"),
         (&["--ngram-max", "2"], "--draft-kind ngram"),
         (&["--ngram-schedule", "constant"], "--draft-kind ngram"),
-        (&["--num-draft-tokens", "4"], "needs a drafter"),
+        (&["--draft-kind", "none", "--num-draft-tokens", "4"], "needs a drafter"),
+        (&["--draft-kind", "none", "--acceptance", "rejection"], "needs a drafter"),
+        (&["--draft-kind", "suffix", "--draft-model", "/nonexistent"], "drop --draft-model"),
         (&["--draft-kind", "model"], "needs --draft-model"),
         (&["--draft-kind", "ngram", "--draft-model", "/nonexistent"], "drop --draft-model"),
         (&["--draft-model", "/nonexistent/draft"], "does not exist"),

@@ -203,6 +203,26 @@ impl PartialEq for KernelPolicy {
 }
 
 impl KernelPolicy {
+    /// The choices that change a model's speed, as one word for cache keys (e.g. a cost
+    /// curve's): the four switches, the instruction-set cap, threads per call, and the
+    /// process's BLAS, sgemv rewrite and pool threads ([`Settings::global`]). Counters are
+    /// not part of it.
+    pub fn key(&self) -> String {
+        let p = &Settings::global().process;
+        format!(
+            "qmm={} dense={} fast={} sdpa={} isa={} threads={:?} blas={} gemv={} pool={:?}",
+            self.qmm,
+            self.dense,
+            self.fast_norm_rope,
+            self.sdpa,
+            self.max_isa,
+            self.threads,
+            p.blas.value.as_deref().unwrap_or("auto"),
+            p.gemv_routing.value,
+            p.threads.value,
+        )
+    }
+
     /// Every kernel on, the best instruction set; ignores the environment.
     pub fn all_on() -> Self {
         Self::switches(true)

@@ -3,9 +3,12 @@
 //!
 //! Loads one target (and up to two draft models, when given) once, then for each prompt of a
 //! prompt set (the first `--num-prompts` input-grounded and free-form prompts) runs greedy
-//! plain decoding, n-gram speculative decoding (γ 10, constant and heuristic schedules) and
-//! two-model speculative decoding (γ 3; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
-//! second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
+//! plain decoding, the default drafter (`suffix`: the suffix drafter under the cost-aware
+//! length policy; `suffix-fixed`: every proposed token; both without the cross-request store,
+//! which would copy earlier runs of the same prompt), n-gram speculative decoding (γ 10,
+//! constant and heuristic schedules) and two-model speculative decoding (γ 3, and
+//! `two-model-adaptive`: the cost-aware policy up to γ 8; `--draft-b`, e.g. a 4-bit copy of
+//! the drafter, as a second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
 //! noise hits every arm alike. With `--temp` above 0 every arm samples (prompt `i` with seed
 //! `i`; exact match keeps the outputs equal to plain decoding's), and each two-model arm gets
 //! a `-greedy-draft` twin whose draft model picks the argmax instead of sampling with the
@@ -14,7 +17,10 @@
 //! decode tokens/s of each arm (emitted tokens over decode time, prefill excluded), its
 //! ratio to plain, the steady rate (tokens after the second over the time since the second
 //! was handed over: no prefill, no first round, no re-prefill), tau and acceptance rate, and
-//! whether every output equaled plain's; with `--json FILE` also the raw numbers.
+//! whether every output equaled plain's; then per prompt kind and arm the per-prompt tokens/s
+//! ratio to plain (median and minimum over prompts), tau, and the ratio the cost model
+//! predicts from the target's measured t(T) and the rounds the arm ran (target forwards
+//! only: drafting and bookkeeping are the gap); with `--json FILE` also the raw numbers.
 //!
 //! `--fallback-arm` adds the `fallback` arm: speculative decoding whose target cache refuses
 //! every rollback without declaring it (`rollback_reach` `None`, a test double over
@@ -42,8 +48,9 @@ use models::generate::generate;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::ngram::DraftSchedule;
+use spec::policy::{CostModel, CurveCache, predicted_ratio};
 use spec::prompts::{PromptKind, load_prompts};
-use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter};
+use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter, SuffixSpec};
 use spec::two_model::DraftSampling;
 use spec::{DraftProvider, DraftSource, speculative_generate_with_cache};
 
@@ -100,6 +107,11 @@ struct Args {
     /// Runs of each prompt (every arm once per run, interleaved).
     #[arg(long, default_value_t = 1)]
     repeats: usize,
+    /// Also run this many two-turn edit sessions (the first grounded prompts; turn 2 asks to
+    /// repeat turn 1's answer with a change) and report turn 2: plain, `suffix` (no store)
+    /// and `suffix-store` (turn 1 ran through the same provider, whose store holds it).
+    #[arg(long, default_value_t = 0)]
+    two_turn: usize,
 }
 
 /// Totals of one arm over the prompts of one kind.
@@ -218,17 +230,32 @@ fn main() -> Result<()> {
     };
     // (name, provider, drafts per round); "plain" is slot 0.
     let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = Vec::new();
+    // The default drafter without its cross-request store: the repetitions of a prompt
+    // (and the same prompt in other arms' runs) would otherwise be copied from earlier runs.
+    for (name, adaptive) in [("suffix", true), ("suffix-fixed", false)] {
+        let spec = DrafterSpec::Suffix(SuffixSpec { adaptive, store_requests: 0, ..SuffixSpec::default() });
+        let LoadedDrafter { provider, num_draft_tokens } = spec.load(draft_target)?.context("a drafter")?;
+        providers.push((name, provider, num_draft_tokens));
+    }
     for (name, schedule) in [("ngram", DraftSchedule::Constant), ("ngram-heur", DraftSchedule::Heuristic)] {
         let (provider, n) = build(ngram(schedule), DraftSampling::default())?;
         providers.push((name, provider, n));
     }
     let sampled = a.temp > 0.0;
-    for (name, greedy_name, dir) in
-        [("two-model", "two-model-greedy-draft", &a.draft), ("two-model-b", "two-model-b-greedy-draft", &a.draft_b)]
-    {
+    for (name, greedy_name, adaptive_name, dir) in [
+        ("two-model", "two-model-greedy-draft", "two-model-adaptive", &a.draft),
+        ("two-model-b", "two-model-b-greedy-draft", "two-model-b-adaptive", &a.draft_b),
+    ] {
         if let Some(dir) = dir {
             let (provider, n) = build(model(dir), DraftSampling::Request)?;
             providers.push((name, provider, n));
+            let adaptive = DrafterArgs {
+                draft_length: Some(DraftLength::Adaptive),
+                num_draft_tokens: Some(a.num_draft_tokens.max(8)),
+                ..model(dir)
+            };
+            let (provider, n) = build(adaptive, DraftSampling::Request)?;
+            providers.push((adaptive_name, provider, n));
             if sampled {
                 let (provider, n) = build(model(dir), DraftSampling::Greedy)?;
                 providers.push((greedy_name, provider, n));
@@ -244,6 +271,10 @@ fn main() -> Result<()> {
         }
         providers.retain(|p| keep.iter().any(|k| k == p.0));
     }
+    // The target's cost curve (measured once, or read from the cache the default drafter
+    // shares) for the predicted ratios.
+    let curve = CostModel::measure(Some(CurveCache::for_model(&a.target, &load))).curve(&target)?;
+    eprintln!("target cost curve t(T), T = 1..: {}", curve.describe());
     let all = load_prompts(&a.prompts)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: 0 };
     let base = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
@@ -275,7 +306,9 @@ fn main() -> Result<()> {
             }
             let runs: Vec<Run> = runs.into_iter().map(|r| r.expect("every arm ran")).collect();
             let want = &runs[0].tokens;
-            let mut row = serde_json::json!({"source": p.source, "repeat": rep, "prompt_tokens": ids.len()});
+            let mut row = serde_json::json!({
+                "kind": format!("{kind:?}"), "source": p.source, "repeat": rep, "prompt_tokens": ids.len()
+            });
             for (slot, run) in runs.iter().enumerate() {
                 let arm = &mut sums[slot];
                 row[format!("{}_steady_tps", arms[slot])] = arm.add_steady(&run.times).into();
@@ -289,6 +322,7 @@ fn main() -> Result<()> {
                     arm.accepted += stats.accepted;
                     arm.drafted += stats.drafted;
                     row[format!("{}_tau", arms[slot])] = stats.tau.into();
+                    row[format!("{}_predicted", arms[slot])] = predicted_ratio(&curve, stats).into();
                     row[format!("{}_fallback_at", arms[slot])] = stats.fallback_at.into();
                 }
             }
@@ -341,8 +375,47 @@ fn main() -> Result<()> {
             }
         }
     }
+    // Per prompt kind: each arm's per-run tokens/s over plain's in the same run, median and
+    // minimum, with tau and the cost model's predicted ratio (median over runs).
+    println!("\n{:<10} {:<22} {:>9} {:>9} {:>6} {:>10}", "prompts", "arm", "median x", "min x", "tau", "predicted");
+    for kind in [PromptKind::Grounded, PromptKind::Free] {
+        let of_kind: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["kind"].as_str() == Some(format!("{kind:?}").as_str())).collect();
+        for arm in &arms[1..] {
+            let mut ratios: Vec<f64> = of_kind
+                .iter()
+                .filter_map(|r| Some(r[format!("{arm}_tps")].as_f64()? / r["plain_tps"].as_f64()?))
+                .collect();
+            let mut taus: Vec<f64> = of_kind.iter().filter_map(|r| r[format!("{arm}_tau")].as_f64()).collect();
+            let mut predicted: Vec<f64> =
+                of_kind.iter().filter_map(|r| r[format!("{arm}_predicted")].as_f64()).collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+            };
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            println!(
+                "{:<10} {:<22} {:>9.3} {:>9.3} {:>6.2} {:>10.3}",
+                format!("{kind:?}").to_lowercase(),
+                arm,
+                median(&mut ratios),
+                min,
+                median(&mut taus),
+                median(&mut predicted)
+            );
+        }
+    }
+    let two_turn_rows = if a.two_turn > 0 {
+        let sessions: Vec<_> = all.iter().filter(|p| p.kind == PromptKind::Grounded).take(a.two_turn).collect();
+        two_turn(&target, &tok, draft_target, &sessions, &base)?
+    } else {
+        Vec::new()
+    };
     if let Some(path) = &a.json {
-        let report = serde_json::json!({"prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
+        let report = serde_json::json!({"cost_curve": curve.describe(), "two_turn": two_turn_rows, "prompts": rows, "totals": totals.iter().map(|(k, s)| serde_json::json!({"kind": k, "arms": s})).collect::<Vec<_>>()});
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
@@ -350,6 +423,71 @@ fn main() -> Result<()> {
         bail!("a speculative output differed from plain decoding");
     }
     Ok(())
+}
+
+/// The two-turn edit sessions: turn 1 answers `p` (plain decoding, and through the
+/// `suffix-store` provider so its store holds the stream), turn 2 asks to repeat that answer
+/// with a change; prints per session turn 2's ratio to plain of `suffix` (no store) and
+/// `suffix-store`, with tau, and their medians.
+fn two_turn(
+    target: &Transformer,
+    tok: &Tokenizer,
+    draft_target: DraftTarget<'_>,
+    sessions: &[&spec::prompts::Prompt],
+    params: &GenerateParams,
+) -> Result<Vec<serde_json::Value>> {
+    use models::tokenizer::ChatMessage;
+    let load = |store_requests| -> Result<Box<dyn DraftProvider>> {
+        let spec = DrafterSpec::Suffix(SuffixSpec { store_requests, ..SuffixSpec::default() });
+        Ok(spec.load(draft_target)?.context("a drafter")?.provider)
+    };
+    let (no_store, with_store) = (load(0)?, load(16)?);
+    let mut rows = Vec::new();
+    println!("\ntwo-turn edit sessions, turn 2 (x plain, tau):");
+    for p in sessions {
+        let first_ids = p.ids(tok)?;
+        let first = plain(target, &first_ids, params)?;
+        speculative(target, with_store.as_ref(), false, &first_ids, params, 32)?;
+        let answer = tok.decode(&first.tokens, true)?;
+        let msgs = [
+            ChatMessage::user(p.prompt.clone()),
+            ChatMessage::assistant(answer),
+            ChatMessage::user(
+                "Repeat your previous answer in full, with one change: rename the main function to `solve`."
+                    .to_string(),
+            ),
+        ];
+        let ids = tok.encode(&tok.apply_chat_template(&msgs, true)?, false)?;
+        let base = plain(target, &ids, params)?;
+        let tps = |r: &Run| r.tokens.len() as f64 / r.decode_s.max(1e-9);
+        let mut row = serde_json::json!({"source": p.source, "prompt_tokens": ids.len(), "plain_tps": tps(&base)});
+        for (name, provider) in [("suffix", &no_store), ("suffix-store", &with_store)] {
+            let run = speculative(target, provider.as_ref(), false, &ids, params, 32)?;
+            if run.tokens != base.tokens {
+                bail!("two-turn {}: {name} output differs from plain", p.source);
+            }
+            let tau = run.stats.as_ref().map_or(0.0, |s| s.tau);
+            row[format!("{name}_ratio")] = (tps(&run) / tps(&base)).into();
+            row[format!("{name}_tau")] = tau.into();
+        }
+        println!(
+            "  {:<24} suffix {:.3}x (tau {:.2})  suffix-store {:.3}x (tau {:.2})",
+            p.source,
+            row["suffix_ratio"].as_f64().unwrap_or(0.0),
+            row["suffix_tau"].as_f64().unwrap_or(0.0),
+            row["suffix-store_ratio"].as_f64().unwrap_or(0.0),
+            row["suffix-store_tau"].as_f64().unwrap_or(0.0)
+        );
+        rows.push(row);
+    }
+    for name in ["suffix", "suffix-store"] {
+        let mut v: Vec<f64> = rows.iter().filter_map(|r| r[format!("{name}_ratio")].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        if let Some(m) = v.get(v.len() / 2) {
+            println!("  median turn-2 ratio, {name}: {m:.3}x over {} sessions", v.len());
+        }
+    }
+    Ok(rows)
 }
 
 /// 1 / the median time between consecutive tokens after the second (0 for fewer than 4

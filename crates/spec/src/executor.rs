@@ -2,7 +2,8 @@
 //! accept walk with the request's sampler, an exact cache rollback, and the re-feed rule.
 use std::time::Instant;
 
-use mlx_core::{Array, Dtype, concatenate, memory};
+use mlx_core::random::categorical;
+use mlx_core::{Array, Dtype, async_eval, concatenate, memory};
 use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
 use models::{ModelCache, Sampler, Transformer};
 
@@ -64,6 +65,14 @@ impl From<usize> for SpecOptions {
 /// and residual draws use [`models::Sampler::uniform`] streams 1 and 2 of the position's
 /// step; the bonus token is sampled as plain decoding samples it.
 ///
+/// Rounds without drafts run plain decoding's pipelined step: the target forward of the
+/// pending token, the lazily sampled token and the forward of that token (the next round's
+/// head) are queued before the host reads the token, so a run of plain steps costs what
+/// [`models::generate::generate`] costs. When the source then does propose drafts, the
+/// round's window is the queued head (already in the cache, its logits kept) followed by a
+/// forward over the drafts alone; the accept walk is the same. (Not for sources with tap
+/// layers, whose windows must be one forward.)
+///
 /// Each round is logged with `tracing` at debug level, target `spec::round` (feed, drafts,
 /// accepted, the closing token; `MLX_SPEC_LOG=spec::round=debug` in the CLI).
 ///
@@ -120,15 +129,47 @@ pub fn speculative_generate_with_cache(
     let mut committed = prompt.to_vec();
     let mut pending = last;
     let mut feed = vec![last];
+    let pipelined = tap_layers.is_empty();
+    // The queued forward of `pending` (in the cache already), when the last round drafted
+    // nothing.
+    let mut ahead: Option<Ahead> = None;
     while stats.emitted < params.max_tokens {
         let step = stats.emitted;
         let n = num_draft_tokens.min(params.max_tokens - step - 1);
         let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
-        let verified = verify(target, &mut cache, pending, &drafts, &tap_layers, step)?;
+        if d == 0 && pipelined && ahead.is_none() {
+            ahead = Some(Ahead::queue(target, &mut cache, &ids(&[pending]).context(|| "ids".into())?, params, step)?);
+        }
+        let head = ahead.take();
+        if let (0, Some(head)) = (d, &head) {
+            // A plain step: queue the next one (on the lazy token) before reading this one.
+            if step + 1 < params.max_tokens {
+                ahead = Some(Ahead::queue(target, &mut cache, &head.token, params, step + 1)?);
+            }
+            let t = head.read(step)?;
+            count_round(&mut stats, 0);
+            let walk = accept_walk(&[], params.max_tokens - step, &params.eos, |_| Ok(t), &mut on_token)?;
+            count_walk(&mut stats, &walk);
+            committed.extend_from_slice(&walk.emitted);
+            trace_round(stats.rounds, step, &feed, &[], &walk);
+            if walk.end != WalkEnd::Open {
+                break;
+            }
+            let c = Instant::now();
+            source.commit(0, 0, None)?;
+            stats.draft_ms += c.elapsed().as_secs_f64() * 1e3;
+            (feed, pending) = (vec![t], t);
+            continue;
+        }
+        let verified = match &head {
+            Some(_) => verify_drafts(target, &mut cache, &drafts, step)?,
+            None => verify(target, &mut cache, pending, &drafts, &tap_layers, step)?,
+        };
         count_round(&mut stats, d);
 
-        let rows = TargetRows::new(&verified.logits, &params.sampler, &drafts, step, rejection, &*source)?;
+        let head_logits = head.as_ref().map(|h| &h.logits);
+        let rows = TargetRows::new(&verified.logits, head_logits, &params.sampler, &drafts, step, rejection, &*source)?;
         let walk = accept_walk(&drafts, params.max_tokens - step, &params.eos, |i| rows.token(i), &mut on_token)?;
         count_walk(&mut stats, &walk);
         committed.extend_from_slice(&walk.emitted);
@@ -325,8 +366,49 @@ fn checked_drafts(
     }
 }
 
+/// A target forward of one token queued ahead (plain decoding's pipelined step): the input
+/// is in the cache, `logits` (`[1, 1, V]` float32) are its next-token logits and `token`
+/// (`[1, 1]` uint32) the request's lazily sampled token of its step.
+struct Ahead {
+    logits: Array,
+    token: Array,
+}
+
+impl Ahead {
+    /// Queues the forward of `input` (`[1, 1]` token ids, possibly lazy) and the sample of
+    /// step `step`, exactly as [`models::generate::decode`] does.
+    fn queue(
+        target: &Transformer,
+        cache: &mut ModelCache,
+        input: &Array,
+        params: &GenerateParams,
+        step: usize,
+    ) -> Result<Self> {
+        let what = || format!("target forward of the plain step {step}");
+        let logits = target.forward(input, cache).context(what)?;
+        let logits = logits.slice_axis(1, -1, i32::MAX).and_then(|l| l.astype(Dtype::Float32)).context(what)?;
+        let s = &params.sampler;
+        let token = if s.is_greedy() {
+            logits.reshape(&[-1]).and_then(|l| l.argmax(0, false)).context(what)?
+        } else {
+            let lp = s.logprobs(&logits).context(what)?;
+            categorical(&lp, 0, &s.key(step)).context(what)?
+        };
+        let token = token.astype(Dtype::Uint32).and_then(|t| t.reshape(&[1, 1])).context(what)?;
+        async_eval(&[&token, &logits]).context(what)?;
+        Ok(Ahead { logits, token })
+    }
+
+    /// The sampled token (waits for the forward).
+    fn read(&self, step: usize) -> Result<u32> {
+        let v: Vec<u32> = self.token.to_vec().context(|| format!("reading the token of plain step {step}"))?;
+        Ok(v[0])
+    }
+}
+
 /// The target's verify forward: logits `[1, d + 1, V]` over the window (evaluated), and the
-/// hidden states of `tap_layers` (`[1, d + 1, H]` each) when the source wants them.
+/// hidden states of `tap_layers` (`[1, d + 1, H]` each) when the source wants them. After a
+/// queued head ([`Ahead`]) the logits are `[1, d, V]` over the drafts alone.
 struct Verified {
     logits: Array,
     taps: Option<Vec<Array>>,
@@ -353,6 +435,15 @@ fn verify(
     };
     logits.eval().context(what)?;
     Ok(Verified { logits, taps })
+}
+
+/// The forward over `drafts` alone, after a queued head already put the window's first
+/// token into `cache`: logits `[1, d, V]` (evaluated), row `j` after draft `j`.
+fn verify_drafts(target: &Transformer, cache: &mut ModelCache, drafts: &[u32], step: usize) -> Result<Verified> {
+    let what = || format!("target forward over the drafts {drafts:?} at step {step}");
+    let logits = target.forward(&ids(drafts).context(what)?, cache).context(what)?;
+    logits.eval().context(what)?;
+    Ok(Verified { logits, taps: None })
 }
 
 /// Counts a verified round of `d` drafts.
@@ -388,6 +479,9 @@ fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
 /// decision on draft `i` against the source's `q` (the bonus is sampled either way).
 struct TargetRows<'a> {
     logits: &'a Array,
+    /// The logits `[1, 1, V]` of window position 0 when a queued head computed them (then
+    /// `logits` row `i - 1` is position `i`).
+    head: Option<&'a Array>,
     sampler: &'a Sampler,
     drafts: &'a [u32],
     step: usize,
@@ -401,6 +495,7 @@ impl<'a> TargetRows<'a> {
     /// Reads the source's draft distributions when the rejection rule applies.
     fn new(
         logits: &'a Array,
+        head: Option<&'a Array>,
         sampler: &'a Sampler,
         drafts: &'a [u32],
         step: usize,
@@ -409,12 +504,16 @@ impl<'a> TargetRows<'a> {
     ) -> Result<Self> {
         let d = drafts.len();
         let q = if rejection && d > 0 { Some(draft_probs(source, d, step)?) } else { None };
-        Ok(TargetRows { logits, sampler, drafts, step, q, source_name: source.name() })
+        Ok(TargetRows { logits, head, sampler, drafts, step, q, source_name: source.name() })
     }
 
     /// The target's token at window position `i`.
     fn token(&self, i: usize) -> Result<u32> {
-        let row = self.logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32));
+        let row = match (self.head, i) {
+            (Some(head), 0) => Ok(head.clone()),
+            (Some(_), _) => self.logits.slice_axis(1, i as i32 - 1, i as i32).and_then(|r| r.astype(Dtype::Float32)),
+            (None, _) => self.logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32)),
+        };
         let row = row.context(|| format!("logits of window position {i}"))?;
         let (at, d) = (self.step + i, self.drafts.len());
         let Some(q) = self.q.as_ref().filter(|_| i < d) else {

@@ -11,6 +11,8 @@
 //! - [`providers`]: the one drafter factory, [`providers::DrafterSpec`] (none, n-gram,
 //!   draft model, DSpark) parsed from flags or a word, defaults in one place, built into a
 //!   [`DraftProvider`].
+//! - [`suffix::SuffixProvider`]: suffix-automaton drafting over the request (and earlier
+//!   requests), the default drafter, its length chosen by the cost-aware [`policy`].
 //! - [`ngram::NgramProvider`]: prompt lookup (no weights).
 //! - [`ab`]: the acceptance A/B of two drafters on one target.
 //! - [`prompts`]: the prompt sets of the equality tests and benchmarks.
@@ -42,11 +44,13 @@ pub mod dspark;
 mod error;
 mod executor;
 pub mod ngram;
+pub mod policy;
 pub mod prompts;
 pub mod providers;
 pub mod rejection;
 pub mod source;
 mod stats;
+pub mod suffix;
 pub mod two_model;
 
 pub use error::{Error, Result};

@@ -5,9 +5,14 @@
 //!
 //! ```text
 //! DrafterArgs (flags, all optional)  --DrafterSpec::from_args-->  DrafterSpec  --load-->  LoadedDrafter
-//! "ngram" | DIR (A/B arm)            --DrafterSpec::parse----->      (checked,        (provider, γ)
+//! "suffix" | "ngram" | DIR (A/B arm) --DrafterSpec::parse----->      (checked,        (provider, γ)
 //!                                                                     defaults filled)
 //! ```
+//!
+//! **The default** (no drafting flag, [`DrafterArgs::default`]) is the suffix drafter of
+//! [`crate::suffix`] under the cost-aware length policy of [`crate::policy`], the same for
+//! `mlx-spec generate` and the library; `--draft-kind none` ([`DraftKind::None`]) decodes
+//! plainly.
 //!
 //! A directory is a DeepSpec DSpark / DFlash drafter when its `config.json` parses as a
 //! [`drafter::DrafterConfig`], and a two-model drafter (a small model of the target's
@@ -20,12 +25,20 @@ use models::{LoadOptions, load_model};
 use crate::dspark::DSparkProvider;
 use crate::error::Context;
 use crate::ngram::{DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, DEFAULT_NUM_DRAFT_TOKENS, DraftSchedule, NgramProvider};
+use crate::policy::{CostModel, CurveCache};
+use crate::suffix::{DEFAULT_STORE_REQUESTS, MAX_PROPOSAL, SuffixProvider};
 use crate::two_model::{self, DraftSampling, TwoModelProvider, check_tokenizers};
 use crate::{Acceptance, DraftProvider, Error, Result};
 
-/// The kind of drafter asked for by name (`--draft-kind`): parsed from `model` or `ngram`.
+/// The kind of drafter asked for by name (`--draft-kind`): parsed from `suffix`, `ngram`,
+/// `model` or `none`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraftKind {
+    /// No drafter: plain decoding.
+    None,
+    /// Suffix-automaton drafting ([`crate::suffix`]) under the cost-aware length policy: no
+    /// weights. The default.
+    Suffix,
     /// A drafter with weights in a directory (`--draft-model`): a small model with the
     /// target's tokenizer, or a DSpark drafter checkpoint.
     Model,
@@ -36,12 +49,36 @@ pub enum DraftKind {
 impl std::str::FromStr for DraftKind {
     type Err = String;
 
-    /// Parses `model` or `ngram`.
+    /// Parses `suffix`, `ngram`, `model` or `none`.
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
+            "none" => Ok(DraftKind::None),
+            "suffix" => Ok(DraftKind::Suffix),
             "model" => Ok(DraftKind::Model),
             "ngram" => Ok(DraftKind::Ngram),
-            _ => Err(format!("unknown drafter kind `{s}`: expected `model` or `ngram`")),
+            _ => Err(format!("unknown drafter kind `{s}`: expected `suffix`, `ngram`, `model` or `none`")),
+        }
+    }
+}
+
+/// How many drafts a round verifies (`--draft-length`): the policy's choice or all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftLength {
+    /// The cost-aware policy of [`crate::policy`] picks `0..=num_draft_tokens` each round.
+    Adaptive,
+    /// Every token the drafter proposes, up to `num_draft_tokens`.
+    Fixed,
+}
+
+impl std::str::FromStr for DraftLength {
+    type Err = String;
+
+    /// Parses `adaptive` or `fixed`.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "adaptive" => Ok(DraftLength::Adaptive),
+            "fixed" => Ok(DraftLength::Fixed),
+            _ => Err(format!("unknown draft length `{s}`: expected `adaptive` or `fixed`")),
         }
     }
 }
@@ -53,7 +90,8 @@ impl std::str::FromStr for DraftKind {
 pub struct DrafterArgs {
     /// `--draft-model DIR`: a draft model or DSpark drafter directory.
     pub draft_model: Option<PathBuf>,
-    /// `--draft-kind`: `Model` needs `draft_model` (and is implied by it); `Ngram` refuses it.
+    /// `--draft-kind`: `Model` needs `draft_model` (and is implied by it); the others refuse
+    /// it; unset without `draft_model`: `Suffix`.
     pub draft_kind: Option<DraftKind>,
     /// `--num-draft-tokens`: drafts per round (γ); defaults per drafter (see [`DrafterSpec`]).
     pub num_draft_tokens: Option<usize>,
@@ -65,6 +103,9 @@ pub struct DrafterArgs {
     pub ngram_schedule: Option<DraftSchedule>,
     /// `--confidence-threshold`: DSpark drafters only [default: 0, off].
     pub confidence_threshold: Option<f32>,
+    /// `--draft-length`: suffix drafting and draft models only [default: adaptive for
+    /// suffix, fixed for a draft model].
+    pub draft_length: Option<DraftLength>,
     /// `--acceptance`: only checked here (a rule other than exact match needs a drafter);
     /// the caller passes it on in [`crate::SpecOptions`].
     pub acceptance: Acceptance,
@@ -106,12 +147,41 @@ impl NgramSpec {
     }
 }
 
+/// Suffix drafting with its options; [`SuffixSpec::default`] is the default drafter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SuffixSpec {
+    /// The most drafts per round (`K`; the policy chooses `0..=K` each round).
+    pub num_draft_tokens: usize,
+    /// Whether the cost-aware policy chooses each round's length (otherwise every proposed
+    /// token, up to `num_draft_tokens`, is drafted).
+    pub adaptive: bool,
+    /// Earlier requests' streams kept for drafting (0: none).
+    pub store_requests: usize,
+}
+
+impl Default for SuffixSpec {
+    /// Up to [`MAX_PROPOSAL`] (32) drafts, adaptive, a store of [`DEFAULT_STORE_REQUESTS`].
+    fn default() -> Self {
+        SuffixSpec { num_draft_tokens: MAX_PROPOSAL, adaptive: true, store_requests: DEFAULT_STORE_REQUESTS }
+    }
+}
+
+impl SuffixSpec {
+    /// The provider these options describe, with `cost` as its cost model.
+    pub fn provider(&self, cost: CostModel) -> SuffixProvider {
+        let p = SuffixProvider::new(cost).with_store(self.store_requests);
+        if self.adaptive { p } else { p.fixed_length() }
+    }
+}
+
 /// Which drafter a request uses, checked and with every default filled in (except those
 /// only the loaded weights know: a DSpark drafter's block size).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DrafterSpec {
     /// No drafter: plain decoding.
     None,
+    /// Suffix drafting under the cost-aware policy (the default).
+    Suffix(SuffixSpec),
     /// Prompt lookup.
     Ngram(NgramSpec),
     /// A small model with the target's tokenizer drafts (two-model speculative decoding).
@@ -122,6 +192,9 @@ pub enum DrafterSpec {
         num_draft_tokens: Option<usize>,
         /// How the draft model picks its tokens ([`DraftSampling::Request`] by default).
         sampling: DraftSampling,
+        /// Whether the cost-aware policy picks each round's length (up to
+        /// `num_draft_tokens`, default [`two_model::DEFAULT_ADAPTIVE_DRAFT_TOKENS`]).
+        adaptive: bool,
     },
     /// A DeepSpec DSpark / DFlash drafter checkpoint drafts a block per round.
     DSpark {
@@ -159,23 +232,27 @@ impl DrafterSpec {
     /// directory's `config.json` (to tell a DSpark checkpoint from a model).
     ///
     /// # Errors
-    /// [`Error::Invalid`], naming the flag: `--draft-kind ngram` with `--draft-model`,
-    /// `--draft-kind model` without it, n-gram options without `--draft-kind ngram`,
-    /// `--num-draft-tokens` or a non-exact `--acceptance` without a drafter,
+    /// [`Error::Invalid`], naming the flag: `--draft-kind ngram|suffix|none` with
+    /// `--draft-model`, `--draft-kind model` without it, n-gram options without
+    /// `--draft-kind ngram`, `--num-draft-tokens` or a non-exact `--acceptance` with
+    /// `--draft-kind none`,
     /// `--confidence-threshold` without a DSpark drafter, n-gram sizes outside
     /// `1 <= min <= max`, a drafter directory that does not exist or has no config.json.
     pub fn from_args(a: &DrafterArgs) -> Result<DrafterSpec> {
         let kind = match (a.draft_kind, &a.draft_model) {
-            (Some(DraftKind::Ngram), Some(dir)) => {
-                return invalid(format!(
-                    "--draft-kind ngram drafts without weights; drop --draft-model {}",
-                    dir.display()
-                ));
+            (Some(k @ (DraftKind::Ngram | DraftKind::Suffix | DraftKind::None)), Some(dir)) => {
+                let word = match k {
+                    DraftKind::Ngram => "ngram drafts without weights",
+                    DraftKind::Suffix => "suffix drafts without weights",
+                    _ => "none decodes plainly",
+                };
+                return invalid(format!("--draft-kind {word}; drop --draft-model {}", dir.display()));
             }
             (Some(DraftKind::Model), None) => return invalid("--draft-kind model needs --draft-model DIR".into()),
+            (Some(DraftKind::None), None) => None,
             (Some(kind), _) => Some(kind),
             (None, Some(_)) => Some(DraftKind::Model),
-            (None, None) => None,
+            (None, None) => Some(DraftKind::Suffix),
         };
         if kind != Some(DraftKind::Ngram)
             && (a.ngram_max.is_some() || a.ngram_min.is_some() || a.ngram_schedule.is_some())
@@ -183,16 +260,27 @@ impl DrafterSpec {
             return invalid("--ngram-max/--ngram-min/--ngram-schedule apply to --draft-kind ngram only".into());
         }
         if kind.is_none() && a.num_draft_tokens.is_some() {
-            return invalid("--num-draft-tokens needs a drafter: --draft-model DIR or --draft-kind ngram".into());
+            return invalid("--num-draft-tokens needs a drafter: drop --draft-kind none".into());
         }
         if kind != Some(DraftKind::Model) && a.confidence_threshold.is_some() {
             return invalid("--confidence-threshold applies to DSpark drafters (--draft-model DIR) only".into());
         }
+        if a.draft_length.is_some() && !matches!(kind, Some(DraftKind::Suffix | DraftKind::Model)) {
+            return invalid("--draft-length applies to --draft-kind suffix and --draft-model DIR only".into());
+        }
         if kind.is_none() && a.acceptance != Acceptance::ExactMatch {
-            return invalid("--acceptance needs a drafter: --draft-model DIR or --draft-kind ngram".into());
+            return invalid("--acceptance needs a drafter: drop --draft-kind none".into());
         }
         match kind {
-            None => Ok(DrafterSpec::None),
+            None | Some(DraftKind::None) => Ok(DrafterSpec::None),
+            Some(DraftKind::Suffix) => {
+                let defaults = SuffixSpec::default();
+                Ok(DrafterSpec::Suffix(SuffixSpec {
+                    num_draft_tokens: a.num_draft_tokens.unwrap_or(defaults.num_draft_tokens),
+                    adaptive: a.draft_length != Some(DraftLength::Fixed),
+                    ..defaults
+                }))
+            }
             Some(DraftKind::Ngram) => {
                 let defaults = NgramSpec::default();
                 let max = a.ngram_max.unwrap_or(defaults.max);
@@ -213,6 +301,9 @@ impl DrafterSpec {
                 let dir = a.draft_model.clone().expect("kind Model has a directory");
                 check_model_dir(&dir, "--draft-model")?;
                 if is_dspark_dir(&dir) {
+                    if a.draft_length.is_some() {
+                        return invalid(format!("--draft-length: {} is a DSpark drafter", dir.display()));
+                    }
                     let confidence_threshold = a.confidence_threshold.unwrap_or(0.0);
                     return Ok(DrafterSpec::DSpark { dir, num_draft_tokens: a.num_draft_tokens, confidence_threshold });
                 }
@@ -220,27 +311,27 @@ impl DrafterSpec {
                     return invalid(format!("--confidence-threshold: {} is not a DSpark drafter", dir.display()));
                 }
                 let sampling = DraftSampling::default();
-                Ok(DrafterSpec::Model { dir, num_draft_tokens: a.num_draft_tokens, sampling })
+                let adaptive = a.draft_length == Some(DraftLength::Adaptive);
+                Ok(DrafterSpec::Model { dir, num_draft_tokens: a.num_draft_tokens, sampling, adaptive })
             }
         }
     }
 
-    /// One drafter named by a word, as the A/B and the benchmarks take them: `ngram` (with
-    /// the defaults of [`NgramSpec`]) or a directory (a DSpark drafter or a draft model).
-    /// The same as [`DrafterSpec::from_args`] with `--draft-kind ngram` or
-    /// `--draft-model DIR` alone.
+    /// One drafter named by a word, as the A/B and the benchmarks take them: `suffix`,
+    /// `ngram` (with the defaults of [`SuffixSpec`] / [`NgramSpec`]), `none`, or a directory
+    /// (a DSpark drafter or a draft model). The same as [`DrafterSpec::from_args`] with that
+    /// `--draft-kind` or `--draft-model DIR` alone.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a word that is neither `ngram` nor a model directory.
+    /// [`Error::Invalid`] for a word that is none of these.
     pub fn parse(word: &str) -> Result<DrafterSpec> {
-        if word == "ngram" {
-            return DrafterSpec::from_args(&DrafterArgs {
-                draft_kind: Some(DraftKind::Ngram),
-                ..DrafterArgs::default()
-            });
+        if let Ok(kind @ (DraftKind::Ngram | DraftKind::Suffix | DraftKind::None)) = word.parse::<DraftKind>() {
+            return DrafterSpec::from_args(&DrafterArgs { draft_kind: Some(kind), ..DrafterArgs::default() });
         }
         if !Path::new(word).join("config.json").is_file() {
-            return invalid(format!("drafter {word}: expected `ngram` or a model directory with config.json"));
+            return invalid(format!(
+                "drafter {word}: expected `suffix`, `ngram`, `none` or a model directory with config.json"
+            ));
         }
         DrafterSpec::from_args(&DrafterArgs { draft_model: Some(word.into()), ..DrafterArgs::default() })
     }
@@ -255,22 +346,35 @@ impl DrafterSpec {
     }
 
     /// The drafter as `mlx-spec generate --stats-json` reports it: `null` without one,
+    /// `{"kind": "suffix", "policy": "cost-aware" | "fixed", "store_requests"}`,
     /// `{"kind": "ngram", "ngram_max", "ngram_min", "schedule"}`, or
     /// `{"kind": "model" | "dspark", "path"}`.
     pub fn describe(&self) -> serde_json::Value {
         match self {
             DrafterSpec::None => serde_json::Value::Null,
+            DrafterSpec::Suffix(s) => serde_json::json!({
+                "kind": "suffix",
+                "policy": if s.adaptive { "cost-aware" } else { "fixed" },
+                "store_requests": s.store_requests,
+            }),
             DrafterSpec::Ngram(n) => serde_json::json!({
                 "kind": "ngram", "ngram_max": n.max, "ngram_min": n.min, "schedule": n.schedule.name(),
             }),
-            DrafterSpec::Model { dir, .. } => serde_json::json!({"kind": "model", "path": dir.display().to_string()}),
+            DrafterSpec::Model { dir, adaptive: false, .. } => {
+                serde_json::json!({"kind": "model", "path": dir.display().to_string()})
+            }
+            DrafterSpec::Model { dir, adaptive: true, .. } => {
+                serde_json::json!({"kind": "model", "path": dir.display().to_string(), "policy": "cost-aware"})
+            }
             DrafterSpec::DSpark { dir, .. } => serde_json::json!({"kind": "dspark", "path": dir.display().to_string()}),
         }
     }
 
     /// Loads the drafter for `target` (`None` for [`DrafterSpec::None`]). A draft model
     /// samples as the request does (its per-step keys: coupled drafts under exact match,
-    /// `q` rows for the rejection rule) unless the spec says otherwise.
+    /// `q` rows for the rejection rule) unless the spec says otherwise. The suffix drafter's
+    /// cost curve is measured on the first request (a few seconds) and cached on disk
+    /// ([`CurveCache::for_model`]).
     ///
     /// # Errors
     /// [`Error::Drafter`] / [`Error::Model`] naming the directory when weights or a
@@ -279,6 +383,10 @@ impl DrafterSpec {
     pub fn load(&self, target: DraftTarget<'_>) -> Result<Option<LoadedDrafter>> {
         let loaded = match self {
             DrafterSpec::None => return Ok(None),
+            DrafterSpec::Suffix(s) => {
+                let cost = CostModel::measure(Some(CurveCache::for_model(target.dir, target.load)));
+                LoadedDrafter { provider: Box::new(s.provider(cost)), num_draft_tokens: s.num_draft_tokens }
+            }
             DrafterSpec::Ngram(n) => {
                 LoadedDrafter { provider: Box::new(n.provider()?), num_draft_tokens: n.num_draft_tokens }
             }
@@ -290,13 +398,22 @@ impl DrafterSpec {
                     .with_confidence_threshold(*confidence_threshold);
                 LoadedDrafter { provider: Box::new(provider), num_draft_tokens }
             }
-            DrafterSpec::Model { dir, num_draft_tokens, sampling } => {
+            DrafterSpec::Model { dir, num_draft_tokens, sampling, adaptive } => {
                 let name = dir.display().to_string();
                 let draft_tok = Tokenizer::from_dir(dir).context(|| format!("loading the tokenizer of {name}"))?;
                 check_tokenizers(&draft_tok, target.tokenizer, &name, &target.dir.display().to_string())?;
                 let model = load_model(dir, target.load).context(|| format!("loading draft model {name}"))?;
-                let provider = TwoModelProvider::new(model, name).with_sampling(*sampling);
-                let num_draft_tokens = num_draft_tokens.unwrap_or(two_model::DEFAULT_NUM_DRAFT_TOKENS);
+                let mut provider = TwoModelProvider::new(model, name).with_sampling(*sampling);
+                if *adaptive {
+                    let cache = |dir: &Path| CostModel::measure(Some(CurveCache::for_model(dir, target.load)));
+                    provider = provider.with_policy(cache(target.dir), cache(dir));
+                }
+                let default = if *adaptive {
+                    two_model::DEFAULT_ADAPTIVE_DRAFT_TOKENS
+                } else {
+                    two_model::DEFAULT_NUM_DRAFT_TOKENS
+                };
+                let num_draft_tokens = num_draft_tokens.unwrap_or(default);
                 LoadedDrafter { provider: Box::new(provider), num_draft_tokens }
             }
         };
@@ -357,14 +474,32 @@ mod tests {
 
     #[test]
     fn ignored_flags_are_refused_by_name() {
-        let cases: [(DrafterArgs, &str); 7] = [
+        let cases: [(DrafterArgs, &str); 8] = [
             (DrafterArgs { ngram_max: Some(2), ..DrafterArgs::default() }, "--draft-kind ngram only"),
             (DrafterArgs { ngram_schedule: Some(DraftSchedule::Constant), ..DrafterArgs::default() }, "--ngram-max"),
-            (DrafterArgs { num_draft_tokens: Some(4), ..DrafterArgs::default() }, "--num-draft-tokens needs a drafter"),
+            (
+                DrafterArgs { num_draft_tokens: Some(4), draft_kind: Some(DraftKind::None), ..DrafterArgs::default() },
+                "--num-draft-tokens needs a drafter",
+            ),
             (DrafterArgs { draft_kind: Some(DraftKind::Model), ..DrafterArgs::default() }, "needs --draft-model"),
             (DrafterArgs { draft_model: Some("/x".into()), ..ngram_args() }, "drop --draft-model /x"),
+            (
+                DrafterArgs {
+                    draft_model: Some("/x".into()),
+                    draft_kind: Some(DraftKind::None),
+                    ..DrafterArgs::default()
+                },
+                "none decodes plainly",
+            ),
             (DrafterArgs { confidence_threshold: Some(0.5), ..ngram_args() }, "--confidence-threshold applies"),
-            (DrafterArgs { acceptance: Acceptance::Rejection, ..DrafterArgs::default() }, "--acceptance needs"),
+            (
+                DrafterArgs {
+                    acceptance: Acceptance::Rejection,
+                    draft_kind: Some(DraftKind::None),
+                    ..DrafterArgs::default()
+                },
+                "--acceptance needs",
+            ),
         ];
         for (args, expected) in cases {
             let e = DrafterSpec::from_args(&args).unwrap_err().to_string();
@@ -376,8 +511,32 @@ mod tests {
         let missing = DrafterArgs { draft_model: Some("/nonexistent/draft".into()), ..DrafterArgs::default() };
         let e = DrafterSpec::from_args(&missing).unwrap_err().to_string();
         assert!(e.contains("--draft-model /nonexistent/draft: not a model directory (does not exist)"), "{e}");
-        assert!(DrafterSpec::parse("/nonexistent/draft").unwrap_err().to_string().contains("expected `ngram`"));
-        assert_eq!(DrafterSpec::from_args(&DrafterArgs::default()).unwrap(), DrafterSpec::None);
+        assert!(DrafterSpec::parse("/nonexistent/draft").unwrap_err().to_string().contains("expected `suffix`"));
+        let none = DrafterArgs { draft_kind: Some(DraftKind::None), ..DrafterArgs::default() };
+        assert_eq!(DrafterSpec::from_args(&none).unwrap(), DrafterSpec::None);
+    }
+
+    /// The library's default is the CLI's: no flag gives the adaptive suffix drafter, the
+    /// same as `--draft-kind suffix` and the word `suffix`.
+    #[test]
+    fn the_default_is_the_adaptive_suffix_drafter() {
+        let default = DrafterSpec::from_args(&DrafterArgs::default()).unwrap();
+        assert_eq!(default, DrafterSpec::Suffix(SuffixSpec::default()));
+        assert_eq!(DrafterSpec::parse("suffix").unwrap(), default);
+        assert_eq!(DrafterSpec::parse("none").unwrap(), DrafterSpec::None);
+        assert!(SuffixSpec::default().adaptive);
+        assert_eq!(SuffixSpec::default().num_draft_tokens, 32);
+        let eight = DrafterArgs { num_draft_tokens: Some(8), ..DrafterArgs::default() };
+        assert_eq!(
+            DrafterSpec::from_args(&eight).unwrap(),
+            DrafterSpec::Suffix(SuffixSpec { num_draft_tokens: 8, ..SuffixSpec::default() })
+        );
+        assert_eq!(
+            default.describe(),
+            serde_json::json!({"kind": "suffix", "policy": "cost-aware", "store_requests": 16})
+        );
+        assert_eq!("suffix".parse::<DraftKind>(), Ok(DraftKind::Suffix));
+        assert_eq!("none".parse::<DraftKind>(), Ok(DraftKind::None));
     }
 
     #[test]
@@ -395,5 +554,14 @@ mod tests {
         assert_eq!("model".parse::<DraftKind>(), Ok(DraftKind::Model));
         assert!("ngrams".parse::<DraftKind>().is_err());
         assert!("fast".parse::<DraftSchedule>().is_err());
+        assert_eq!("adaptive".parse::<DraftLength>(), Ok(DraftLength::Adaptive));
+        assert!("slow".parse::<DraftLength>().is_err());
+        let fixed = DrafterArgs { draft_length: Some(DraftLength::Fixed), ..DrafterArgs::default() };
+        assert_eq!(
+            DrafterSpec::from_args(&fixed).unwrap(),
+            DrafterSpec::Suffix(SuffixSpec { adaptive: false, ..SuffixSpec::default() })
+        );
+        let e = DrafterSpec::from_args(&DrafterArgs { draft_length: Some(DraftLength::Fixed), ..ngram_args() });
+        assert!(e.unwrap_err().to_string().contains("--draft-length applies"));
     }
 }

@@ -43,6 +43,13 @@ pub trait DraftProvider {
     /// # Errors
     /// Whatever the provider cannot set up (incompatible target, allocation).
     fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>>;
+
+    /// The draft-length policy this provider applies, as `--stats-json` reports it (the cost
+    /// curve and the survival estimates of [`crate::policy`]); `None` (the default) for a
+    /// provider without one.
+    fn describe_policy(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The per-request drafting state behind the seam (see the module docs for the protocol).

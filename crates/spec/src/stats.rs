@@ -44,7 +44,9 @@ pub struct SpecStats {
     /// Rounds with no drafts (`d = 0`): the source proposed nothing, no budget was left for
     /// drafts, or the request had fallen back to plain decoding.
     pub empty_rounds: usize,
-    /// Target forward passes that computed logits (one per round).
+    /// Target forward passes that computed logits, counted one per round (a round that
+    /// drafts right after a plain step runs its window as two forwards, the head queued
+    /// ahead by the plain step and the drafts, and counts one).
     pub target_forwards: usize,
     /// Target prefill forward passes (prompt chunks, plus any re-prefill after a fallback).
     pub prefill_forwards: usize,

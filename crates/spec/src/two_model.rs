@@ -5,11 +5,44 @@ use models::generate::{PREFILL_CHUNK, ids};
 use models::tokenizer::Tokenizer;
 use models::{ModelCache, Sampler, Transformer};
 
+use std::sync::{Arc, Mutex};
+
 use crate::error::Context;
+use crate::policy::{AcceptanceModel, CostCurve, CostModel, Origin, SurvivalKey};
 use crate::{DraftProvider, DraftSource, Error, Result};
 
 /// Default drafts per round for a draft model (mlx_lm's CLI default).
 pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
+/// Default most drafts per round for a draft model under the cost-aware policy.
+pub const DEFAULT_ADAPTIVE_DRAFT_TOKENS: usize = 8;
+/// Under the cost-aware policy, a round drafts one token after this many rounds in a row
+/// drafted none (a probe, so the estimates can recover).
+pub const PROBE_AFTER_PLAIN_ROUNDS: usize = 16;
+
+/// The cost-aware length policy of a draft model ([`crate::policy`]): the target's and the
+/// drafter's cost curves, and the acceptance estimates shared by the provider's sources.
+#[derive(Debug)]
+struct ModelPolicy {
+    target: CostModel,
+    draft: CostModel,
+    acceptance: Arc<Mutex<AcceptanceModel>>,
+}
+
+/// A source's view of the policy for one request.
+#[derive(Debug, Clone)]
+struct RequestPolicy {
+    curve: CostCurve,
+    /// Cost of one drafted token in target steps (the drafter's one-token step over the
+    /// target's).
+    per_draft: f64,
+    acceptance: Arc<Mutex<AcceptanceModel>>,
+    /// Rounds in a row that drafted nothing (the executor then queues the next head ahead:
+    /// a window costs `t(1) + t(k)`).
+    plain_rounds: usize,
+}
+
+/// The key of a draft model's survival estimates (no match length: one bucket).
+const MODEL_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4, continues: false };
 
 /// Feeds longer than this are prefilled (no LM head) except their last token.
 const SMALL_FEED: usize = 8;
@@ -98,13 +131,25 @@ pub struct TwoModelProvider {
     model: Transformer,
     name: String,
     sampling: DraftSampling,
+    policy: Option<ModelPolicy>,
 }
 
 impl TwoModelProvider {
     /// A drafter sampling as the request does ([`DraftSampling::Request`]); `name` (usually
     /// the model directory) appears in traces and errors.
     pub fn new(model: Transformer, name: impl Into<String>) -> Self {
-        TwoModelProvider { model, name: name.into(), sampling: DraftSampling::default() }
+        TwoModelProvider { model, name: name.into(), sampling: DraftSampling::default(), policy: None }
+    }
+
+    /// The same provider under the cost-aware length policy: each round drafts the `k` (up
+    /// to the executor's `n`) that maximises `(1 + sum s_i) / (t(1 + k) + k c)`, with `t`
+    /// the target's curve, `c` the drafter's one-token step over the target's (both from
+    /// the curves' `step_ms`; 0 when either is synthetic) and `s_i` learnt from this
+    /// provider's rounds. The length is chosen before drafting, from earlier rounds only
+    /// (non-anticipating under both acceptance rules).
+    pub fn with_policy(mut self, target: CostModel, draft: CostModel) -> Self {
+        self.policy = Some(ModelPolicy { target, draft, acceptance: Arc::default() });
+        self
     }
 
     /// Chooses how the draft model picks tokens.
@@ -131,7 +176,25 @@ impl DraftProvider for TwoModelProvider {
         };
         let mut source = TwoModelSource::new(&self.model, sampler, &self.name);
         source.vocab_limit = target.config.vocab_size;
+        if let Some(p) = &self.policy {
+            let curve = p.target.curve(target)?;
+            let draft = p.draft.curve(&self.model)?;
+            let per_draft =
+                if curve.step_ms > 0.0 && draft.step_ms > 0.0 { draft.step_ms / curve.step_ms } else { 0.0 };
+            source.policy = Some(RequestPolicy { curve, per_draft, acceptance: p.acceptance.clone(), plain_rounds: 0 });
+        }
         Ok(Box::new(source))
+    }
+
+    fn describe_policy(&self) -> Option<serde_json::Value> {
+        let p = self.policy.as_ref()?;
+        let (curve, draft) = (p.target.current()?, p.draft.current()?);
+        Some(serde_json::json!({
+            "policy": "cost-aware",
+            "cost_curve": curve.describe(),
+            "draft_step_ms": draft.step_ms,
+            "survival": p.acceptance.lock().ok()?.describe(),
+        }))
     }
 }
 
@@ -164,6 +227,7 @@ pub struct TwoModelSource<'a> {
     /// Drafts at or above this id are never proposed (the target has no such row).
     vocab_limit: usize,
     rebuilds: usize,
+    policy: Option<RequestPolicy>,
 }
 
 impl<'a> TwoModelSource<'a> {
@@ -182,6 +246,7 @@ impl<'a> TwoModelSource<'a> {
             fed_drafts: 0,
             vocab_limit: usize::MAX,
             rebuilds: 0,
+            policy: None,
         }
     }
 
@@ -281,6 +346,23 @@ impl DraftSource for TwoModelSource<'_> {
         self.last_drafts.clear();
         self.last_logits.clear();
         self.fed_drafts = 0;
+        let n = match &mut self.policy {
+            None => n,
+            Some(p) => {
+                let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, n);
+                let (per_draft, after_plain, curve) = (p.per_draft, p.plain_rounds > 0, &p.curve);
+                let k = crate::policy::choose(curve, &survival, |k| {
+                    k as f64 * per_draft + crate::policy::split_window_cost(curve, k, after_plain)
+                });
+                p.plain_rounds = if k == 0 { p.plain_rounds + 1 } else { 0 };
+                if k == 0 && p.plain_rounds > PROBE_AFTER_PLAIN_ROUNDS {
+                    p.plain_rounds = 0;
+                    n.min(1)
+                } else {
+                    k
+                }
+            }
+        };
         if n == 0 {
             // Defer the feed: it is run with the next round's.
             return Ok(Vec::new());
@@ -327,6 +409,12 @@ impl DraftSource for TwoModelSource<'_> {
         if drafted != self.last_drafts.len() || accepted > drafted {
             return Err(self
                 .contract(format!("commit({drafted}, {accepted}) after drafting {} tokens", self.last_drafts.len())));
+        }
+        if let Some(p) = &self.policy {
+            let mut acc = p.acceptance.lock().expect("acceptance lock");
+            for j in 0..drafted.min(accepted + 1) {
+                acc.observe(MODEL_KEY, j, j < accepted);
+            }
         }
         // An all-accept round's last draft comes back in the next feed: do not keep it.
         let keep = accepted.min(drafted.saturating_sub(1));

@@ -1,7 +1,8 @@
 //! The executor on the tiny random fixture models (vocab 256): speculative output equals
 //! plain output token for token, greedy and seeded-sampled, for every num_draft_tokens in
-//! 1..=12 and every source (n-gram, two-model with each fixture as drafter, a source that
-//! proposes garbage); EOS and max_tokens mid-window; a target cache that cannot trim; the
+//! 1..=12 and every source (n-gram, suffix with every proposed token or under the cost-aware
+//! policy, with a cross-request store shared by every case, two-model with each fixture as
+//! drafter, with a fixed or a cost-aware length, a source that proposes garbage); EOS and max_tokens mid-window; a target cache that cannot trim; the
 //! stats invariants. Property tests run with a fixed seed, so every run checks the same cases.
 mod common;
 
@@ -15,6 +16,8 @@ use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Trans
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use spec::ngram::{DraftSchedule, NgramSource};
+use spec::policy::{CostCurve, CostModel};
+use spec::suffix::{SuffixProvider, SuffixSource};
 use spec::two_model::{DraftSampling, TwoModelProvider, TwoModelSource};
 use spec::{DraftProvider, DraftSource, Error, SpecStats, speculative_generate, speculative_generate_with_cache};
 
@@ -85,6 +88,35 @@ impl DraftSource for Garbage {
     }
 }
 
+/// A suffix provider under the cost-aware policy with a cheap linear cost curve (so the
+/// random fixtures, which rarely continue a copy, still get drafts to verify).
+fn adaptive_suffix() -> SuffixProvider {
+    SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.05, 33)))
+}
+
+/// Cheap fixed cost curves for a draft model under the cost-aware policy.
+fn model_policy(p: TwoModelProvider) -> TwoModelProvider {
+    p.with_policy(CostModel::fixed(CostCurve::linear(0.05, 33)), CostModel::fixed(CostCurve::linear(0.05, 33)))
+}
+
+/// Runs the suffix drafter twice on one case: every proposed token, then the policy's
+/// choice (a source of `adaptive`, whose store holds the earlier cases' streams).
+fn check_suffix(
+    target: &Transformer,
+    adaptive: &SuffixProvider,
+    want: &[u32],
+    prompt: &[u32],
+    params: &GenerateParams,
+    n: usize,
+) -> Result<(), TestCaseError> {
+    let mut fixed = SuffixSource::fixed();
+    check_run(&format!("suffix n={n}"), want, spec_run(target, &mut fixed, prompt, params, n), params)?;
+    let mut source = adaptive.open(target, &params.sampler).unwrap();
+    let label = format!("suffix adaptive n={n}");
+    check_run(&label, want, spec_run(target, source.as_mut(), prompt, params, n), params)?;
+    Ok(())
+}
+
 fn prompt_strategy() -> impl Strategy<Value = Vec<u32>> {
     // Small alphabets make repeats (n-gram hits); 256 covers the whole vocabulary.
     (prop_oneof![Just(3u32), Just(16u32), Just(256u32)], proptest::collection::vec(0u32..256, 1..20))
@@ -96,11 +128,16 @@ fn greedy_speculative_equals_greedy_plain() {
     let target = load(TARGET);
     let drafters: Vec<Transformer> = DRAFTERS.iter().map(|d| load(d)).collect();
     let strategy = (prompt_strategy(), 0usize..DRAFTERS.len(), any::<u64>());
+    let adaptive = adaptive_suffix();
+    let adaptive_two: Vec<TwoModelProvider> =
+        DRAFTERS.iter().map(|d| model_policy(TwoModelProvider::new(load(d), *d))).collect();
     runner(4)
         .run(&strategy, |(prompt, drafter, seed)| {
             let params = GenerateParams { max_tokens: 16, sampler: Sampler::default(), eos: vec![] };
             let want = plain(&target, &prompt, &params);
+            check_suffix(&target, &adaptive, &want, &prompt, &params, 32)?;
             for n in 1..=12 {
+                check_suffix(&target, &adaptive, &want, &prompt, &params, n)?;
                 let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
                 check_run(&format!("ngram n={n}"), &want, spec_run(&target, &mut ngram, &prompt, &params, n), &params)?;
                 let mut heuristic = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Heuristic);
@@ -109,6 +146,9 @@ fn greedy_speculative_equals_greedy_plain() {
                 let mut two = TwoModelSource::new(&drafters[drafter], Sampler::default(), DRAFTERS[drafter]);
                 let label = format!("two-model {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, &mut two, &prompt, &params, n), &params)?;
+                let mut two = adaptive_two[drafter].open(&target, &params.sampler).unwrap();
+                let label = format!("two-model adaptive {} n={n}", DRAFTERS[drafter]);
+                check_run(&label, &want, spec_run(&target, two.as_mut(), &prompt, &params, n), &params)?;
                 let mut garbage = Garbage::new(seed ^ n as u64);
                 check_run(
                     &format!("garbage n={n}"),
@@ -127,6 +167,7 @@ fn seeded_sampled_speculative_equals_seeded_plain() {
     let target = load(TARGET);
     let drafters: Vec<Transformer> = DRAFTERS.iter().map(|d| load(d)).collect();
     let strategy = (prompt_strategy(), 0usize..DRAFTERS.len(), any::<u64>());
+    let adaptive = adaptive_suffix();
     runner(3)
         .run(&strategy, |(prompt, drafter, seed)| {
             let sampler = Sampler { temp: 0.8, top_p: 0.9, seed, ..Sampler::default() };
@@ -134,12 +175,20 @@ fn seeded_sampled_speculative_equals_seeded_plain() {
             let want = plain(&target, &prompt, &params);
             let provider =
                 TwoModelProvider::new(load(DRAFTERS[drafter]), DRAFTERS[drafter]).with_sampling(DraftSampling::Request);
+            let adaptive_two = model_policy(
+                TwoModelProvider::new(load(DRAFTERS[drafter]), DRAFTERS[drafter]).with_sampling(DraftSampling::Request),
+            );
+            check_suffix(&target, &adaptive, &want, &prompt, &params, 32)?;
             for n in 1..=12 {
+                check_suffix(&target, &adaptive, &want, &prompt, &params, n)?;
                 let mut ngram = NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant);
                 check_run(&format!("ngram n={n}"), &want, spec_run(&target, &mut ngram, &prompt, &params, n), &params)?;
                 let mut coupled = provider.open(&target, &params.sampler).unwrap();
                 let label = format!("two-model sampled {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, coupled.as_mut(), &prompt, &params, n), &params)?;
+                let mut adaptive = adaptive_two.open(&target, &params.sampler).unwrap();
+                let label = format!("two-model sampled adaptive {} n={n}", DRAFTERS[drafter]);
+                check_run(&label, &want, spec_run(&target, adaptive.as_mut(), &prompt, &params, n), &params)?;
                 let mut greedy = TwoModelSource::new(&drafters[drafter], Sampler::default(), DRAFTERS[drafter]);
                 let label = format!("two-model greedy {} n={n}", DRAFTERS[drafter]);
                 check_run(&label, &want, spec_run(&target, &mut greedy, &prompt, &params, n), &params)?;

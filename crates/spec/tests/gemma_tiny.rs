@@ -1,7 +1,8 @@
 //! Speculative decoding on tiny random Gemma 3 / Gemma 4 targets (`fixtures/gemma`, made by
 //! mlx-lm's classes, sliding window 8): greedy speculative output equals greedy plain output
 //! for 120 tokens (the rotating caches wrap every 39 positions, so three to four times), with
-//! n-gram and two-model drafting and `num_draft_tokens` from 1 to 12, on prompts where most
+//! n-gram, suffix (every proposed token, and the cost-aware policy) and two-model drafting and
+//! `num_draft_tokens` from 1 to 32, on prompts where most
 //! drafts are rejected; no request falls back to plain decoding (every rollback, at every
 //! ring offset, is exact). Drafts requested beyond the cache's rollback reach are capped at
 //! it (no fallback, same output); a cache that does not declare its too-small reach still
@@ -12,6 +13,8 @@ use mlx_core::Array;
 use models::generate::generate;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
+use spec::policy::{CostCurve, CostModel};
+use spec::suffix::SuffixProvider;
 use spec::two_model::TwoModelProvider;
 use spec::{DraftProvider, SpecStats, speculative_generate, speculative_generate_with_cache};
 
@@ -60,15 +63,21 @@ fn check(target_name: &str, drafter_name: &str) {
     let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let other = TwoModelProvider::new(load(drafter_name), drafter_name);
     let myself = TwoModelProvider::new(load(target_name), target_name);
-    let runs: [(&str, &dyn DraftProvider, usize); 6] = [
+    let suffix = SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.2, 33))).fixed_length();
+    let adaptive = SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.05, 33)));
+    let runs: [(&str, &dyn DraftProvider, usize); 9] = [
         ("ngram", &ngram, 3),
         ("ngram", &ngram, 12),
+        ("suffix", &suffix, 12),
+        ("suffix", &suffix, 32),
+        ("suffix adaptive", &adaptive, 32),
         ("two-model", &other, 1),
         ("two-model", &other, 12),
         ("self", &myself, 5),
         ("self", &myself, 12),
     ];
     let (mut drafted, mut rejected) = (0, 0);
+    let mut by_label: std::collections::BTreeMap<&str, usize> = Default::default();
     for (p, prompt) in prompts().iter().enumerate() {
         let want = plain(&target, prompt);
         assert_eq!(want.len(), MAX_TOKENS);
@@ -85,11 +94,13 @@ fn check(target_name: &str, drafter_name: &str) {
                     assert_eq!(stats.corrections, 0, "{what}: self-drafting was corrected");
                 }
                 drafted += stats.drafted;
+                *by_label.entry(label).or_default() += stats.drafted;
                 rejected += stats.drafted - stats.accepted;
             }
         }
     }
-    eprintln!("{target_name}: {drafted} drafts, {rejected} rejected and rolled back");
+    eprintln!("{target_name}: {drafted} drafts, {rejected} rejected and rolled back; by drafter {by_label:?}");
+    assert!(by_label.values().all(|&d| d > 0), "{target_name}: a drafter never drafted: {by_label:?}");
     assert!(rejected > 200, "{target_name}: too few rollbacks to mean anything ({rejected})");
 }
 

@@ -6,7 +6,10 @@
 //! negative control showing the same test rejects the drafter's own distribution. The same
 //! holds under every sampling filter (top-k, top-p, min-p and their combination), for a
 //! sampling drafter and for a deterministic one (one-hot `q`), and a drafter identical to the
-//! target is accepted every time under both rules, with any filter and temperature.
+//! target is accepted every time under both rules, with any filter and temperature. The
+//! suffix drafter under the cost-aware length policy (whose choices depend on every earlier
+//! request's outcomes, and whose cross-request store proposes earlier outputs) keeps the
+//! distribution too: its length is chosen before the window is verified.
 mod common;
 
 use std::path::PathBuf;
@@ -15,6 +18,8 @@ use common::next_distribution;
 use mlx_core::Array;
 use models::generate::generate;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
+use spec::policy::{CostCurve, CostModel};
+use spec::suffix::SuffixProvider;
 use spec::two_model::{DraftSampling, TwoModelProvider, TwoModelSource};
 use spec::{Acceptance, DraftProvider, DraftSource, SpecOptions, speculative_generate};
 
@@ -282,5 +287,35 @@ fn greedy_requests_ignore_the_rejection_rule() {
         })
         .unwrap();
         assert_eq!(got, want, "n={n}");
+    }
+}
+
+/// The adaptive suffix drafter under the rejection rule: one provider serves every seed, so
+/// each request's draft lengths depend on the acceptance estimates of all earlier requests
+/// and its drafts often come from earlier outputs (the store); the first two tokens still
+/// follow the target's distribution.
+#[test]
+fn the_adaptive_suffix_drafter_keeps_the_target_distribution() {
+    let target = load("llama");
+    let provider = SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.02, 33)));
+    // A top-k filter keeps the mass on a few tokens, so a copied token is often accepted.
+    let base = Sampler { temp: 1.0, top_k: 3, ..Sampler::default() };
+    // The prompt ends in a repeat ([3, 17]), so the first round already has a match, whose
+    // continuation `m` is the token the target most favours there (drafts get accepted).
+    let with = |m: u32| [3u32, 17, m, 5, 3, 17];
+    let m = (0..256u32)
+        .map(|m| (next_distribution(&target, &with(m), &base)[m as usize], m))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap()
+        .1;
+    let prompt = with(m);
+    let runs = 2000;
+    let (p0, p1) = first_two_marginals(&target, &prompt, &base);
+    let (c0, c1, drafted, accepted) = first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection);
+    eprintln!("adaptive suffix: {accepted} of {drafted} drafts accepted");
+    assert!(drafted >= runs as usize / 2 && accepted > 0 && accepted < drafted, "{accepted} of {drafted}");
+    for (label, counts, probs) in [("token 0", &c0, &p0), ("token 1", &c1, &p1)] {
+        let (stat, df) = chi_square(counts, probs);
+        assert!(stat < bound(df), "{label}: chi-square {stat:.1} with {df} df (bound {:.1})", bound(df));
     }
 }

