@@ -378,11 +378,21 @@ pub struct Entry {
     pub about: &'static str,
 }
 
-/// A kernel switch: off for `mlx`, `off` or `0`, on for anything else.
-fn switch(lookup: &dyn Fn(&str) -> Option<String>, name: &'static str) -> Setting<bool> {
-    match lookup(name) {
-        Some(v) => Setting { value: !matches!(v.as_str(), "mlx" | "off" | "0"), source: Source::Env(name) },
+/// A switch: on for `on`, `1`, `true` or `yes`; off for `mlx`, `off`, `0`, `false` or `no`;
+/// anything else keeps the default (on) and is reported in `invalid`.
+fn switch(lookup: &dyn Fn(&str) -> Option<String>, name: &'static str, invalid: &mut Vec<String>) -> Setting<bool> {
+    match lookup(name).map(|v| (v.trim().to_ascii_lowercase(), v)) {
         None => Setting::default(true),
+        Some((w, _)) if matches!(w.as_str(), "on" | "1" | "true" | "yes") => {
+            Setting { value: true, source: Source::Env(name) }
+        }
+        Some((w, _)) if matches!(w.as_str(), "mlx" | "off" | "0" | "false" | "no") => {
+            Setting { value: false, source: Source::Env(name) }
+        }
+        Some((_, v)) => {
+            invalid.push(format!("{name}={v}: expected on or off (mlx, 0); using on"));
+            Setting::default(true)
+        }
     }
 }
 
@@ -418,7 +428,12 @@ impl Settings {
             }
             None => Setting::default(Isa::Avx512f),
         };
-        let threads = match parsed("MLX_SPEC_QMM_THREADS", "one per core").filter(|&n| n > 0) {
+        let threads = match parsed("MLX_SPEC_QMM_THREADS", "one per core").filter(|&n| {
+            if n == 0 {
+                refuse("MLX_SPEC_QMM_THREADS", "0", "at least 1", "one per core");
+            }
+            n > 0
+        }) {
             Some(n) => Setting { value: Some(n as usize), source: Source::Env("MLX_SPEC_QMM_THREADS") },
             None => Setting::default(None),
         };
@@ -428,10 +443,6 @@ impl Settings {
                 source: Source::Env("MLX_SPEC_POOL_SPIN_US"),
             },
             None => Setting::default(5000),
-        };
-        let gemv_routing = match lookup("MLX_SPEC_GEMV") {
-            Some(v) => Setting { value: !matches!(v.as_str(), "0" | "off"), source: Source::Env("MLX_SPEC_GEMV") },
-            None => Setting::default(true),
         };
         let blas = match env("MLX_SPEC_BLAS") {
             Some((v, source)) => Setting { value: Some(v), source },
@@ -454,17 +465,23 @@ impl Settings {
             Some((value, source)) => Setting { value, source },
             None => Setting::default("python3".into()),
         };
+        let mut invalid = invalid.into_inner();
+        let qmm = switch(&lookup, "MLX_SPEC_QMM", &mut invalid);
+        let dense = switch(&lookup, "MLX_SPEC_DENSE", &mut invalid);
+        let fast_norm_rope = switch(&lookup, "MLX_SPEC_FAST", &mut invalid);
+        let sdpa = switch(&lookup, "MLX_SPEC_SDPA", &mut invalid);
+        let gemv_routing = switch(&lookup, "MLX_SPEC_GEMV", &mut invalid);
         Settings {
-            qmm: switch(&lookup, "MLX_SPEC_QMM"),
-            dense: switch(&lookup, "MLX_SPEC_DENSE"),
-            fast_norm_rope: switch(&lookup, "MLX_SPEC_FAST"),
-            sdpa: switch(&lookup, "MLX_SPEC_SDPA"),
+            qmm,
+            dense,
+            fast_norm_rope,
+            sdpa,
             max_isa,
             process: ProcessSettings { blas, gemv_routing, threads, pool_spin_us },
             log,
             cache_dir,
             python,
-            invalid: invalid.into_inner(),
+            invalid,
         }
     }
 
@@ -652,6 +669,15 @@ mod tests {
             ]
         );
         assert!(from(&[]).invalid.is_empty());
+        let s = from(&[("MLX_SPEC_QMM", "false"), ("MLX_SPEC_SDPA", "maybe"), ("MLX_SPEC_QMM_THREADS", "0")]);
+        assert!(!s.qmm.value && s.sdpa.value && s.process.threads.value.is_none());
+        assert_eq!(
+            s.invalid,
+            [
+                "MLX_SPEC_QMM_THREADS=0: expected at least 1; using one per core",
+                "MLX_SPEC_SDPA=maybe: expected on or off (mlx, 0); using on",
+            ]
+        );
     }
 
     #[test]

@@ -17,8 +17,8 @@
 use std::fmt::Display;
 use std::path::Path;
 
-use mlx_core::Array;
 use mlx_core::quant::{QuantSpec, QuantizedMatrix};
+use mlx_core::{Array, Dtype};
 
 use crate::layers::{Embedding, EmbeddingTable, Linear, LoadContext, RmsNorm};
 use crate::weights::Weights;
@@ -193,8 +193,16 @@ impl<'a> Loader<'a> {
         if ws.len() != 2 || ss.len() != 2 || ws[0] as usize != out || ss[0] as usize != out || ss[1] == 0 {
             return Err(bad(format!("quantized [{out}, {inp}] matrix has packed shape {ws:?} and scales {ss:?}")));
         }
+        if weight.dtype() != Dtype::Uint32 {
+            return Err(bad(format!("packed weight has dtype {:?}, expected uint32", weight.dtype())));
+        }
         let bits = (ws[1] as usize * 32) / inp;
         let group_size = inp / ss[1] as usize;
+        if bits * inp != ws[1] as usize * 32 || group_size * ss[1] as usize != inp {
+            return Err(bad(format!(
+                "packed shape {ws:?} / scales {ss:?} do not divide a [{out}, {inp}] matrix into whole bits and groups"
+            )));
+        }
         let inferred = QuantSpec::new(group_size as i32, bits as i32)
             .map_err(|e| bad(format!("packed shape {ws:?} / scales {ss:?} imply {e}")))?;
         if let Some(cfg) = self.ctx.quant.spec_for(base)

@@ -93,3 +93,27 @@ fn a_missing_or_misshapen_tensor_is_named() {
     let e = load_model(tmp.path(), &LoadOptions::default()).err().unwrap();
     assert!(e.to_string().contains("model.norm.weight") && e.to_string().contains("[3]"), "{e}");
 }
+
+#[test]
+fn a_packed_width_that_is_not_whole_bits_is_refused() {
+    let name = "model.layers.0.mlp.down_proj";
+    let st = load_safetensors(llama_dir().join("model.safetensors")).unwrap();
+    let w = &st.tensors[&format!("{name}.weight")]; // [64, 128]
+    let q = mlx_core::quant::quantize(w, mlx_core::quant::QuantSpec::new(32, 4).unwrap()).unwrap();
+    let write = |packed: &Array| {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::copy(llama_dir().join("config.json"), tmp.path().join("config.json")).unwrap();
+        let (wn, sn, bn) = (format!("{name}.weight"), format!("{name}.scales"), format!("{name}.biases"));
+        let mut tensors: Vec<(&str, &Array)> =
+            st.tensors.iter().filter(|(k, _)| **k != wn).map(|(k, v)| (k.as_str(), v)).collect();
+        tensors.extend([(wn.as_str(), packed), (sn.as_str(), &q.scales), (bn.as_str(), &q.biases)]);
+        save_safetensors(tmp.path().join("model.safetensors"), tensors, []).unwrap();
+        tmp
+    };
+    // the well-formed 4-bit matrix loads
+    load_model(write(&q.weight).path(), &LoadOptions::default()).unwrap();
+    // one packed word too many per row: 17 * 32 / 128 = 4.25 bits
+    let wide = Array::from_slice(&[0u32; 64 * 17], &[64, 17]).unwrap();
+    let e = load_model(write(&wide).path(), &LoadOptions::default()).err().expect("refused");
+    assert!(e.to_string().contains(name) && e.to_string().contains("whole bits"), "{e}");
+}

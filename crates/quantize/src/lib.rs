@@ -411,14 +411,12 @@ fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
         if !force {
             return Err(dest_err("already exists; pass --force (`force`) to replace it".into()));
         }
-        if !dst.is_dir() {
-            return Err(dest_err("exists and is not a directory; it is not replaced even with --force".into()));
-        }
         if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize())
-            && a == b
+            && a.starts_with(&b)
         {
-            return Err(dest_err("is the source directory; write the quantized model elsewhere".into()));
+            return Err(dest_err("is the source directory or holds it; write the quantized model elsewhere".into()));
         }
+        mlx_core::io::model_dir::check_replaceable(dst).map_err(destination_err)?;
     }
     Ok(())
 }

@@ -135,6 +135,12 @@ fn destination_exists() {
     let options = QuantizeOptions { force: true, ..QuantizeOptions::default() };
     let err = quantize_model_dir(&src, &src, &options, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("is the source"), "{err}");
+    // nor a directory that holds the source, nor one that is not a model output
+    let err = quantize_model_dir(&src, tmp.path(), &options, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("holds it"), "{err}");
+    let err = quantize_model_dir(&src, &dst, &options, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("neither a model directory") && err.contains("out"), "{err}");
+    assert_eq!(entries(&dst), ["keep.txt"]);
     // a failed forced run keeps the existing destination
     std::fs::remove_file(src.join("config.json")).unwrap();
     assert!(quantize_model_dir(&src, &dst, &options, &mut |_| {}).is_err());

@@ -364,23 +364,62 @@ impl Drop for StagedDir {
     }
 }
 
+/// Refuses to replace `dst` unless it is a model directory (it holds `config.json`) or an
+/// empty directory: `--force` replaces an earlier output, never a directory that merely
+/// contains one (`--out .`, `--out ~`, the parent of the source).
+///
+/// # Errors
+/// [`Error::File`] naming `dst` and what it is.
+pub fn check_replaceable(dst: &Path) -> Result<()> {
+    if !dst.is_dir() {
+        return Err(file_err(dst, "exists and is not a directory; it is not replaced even with --force"));
+    }
+    let empty = std::fs::read_dir(dst).map(|mut d| d.next().is_none()).unwrap_or(false);
+    if !empty && !dst.join("config.json").is_file() {
+        return Err(file_err(
+            dst,
+            "is neither a model directory (no config.json) nor empty; it is not replaced even with --force",
+        ));
+    }
+    Ok(())
+}
+
 fn move_into_place(staged: &Path, dst: &Path, replace: bool) -> Result<()> {
     let fail = |e: std::io::Error| file_err(dst, format!("cannot move the output into place: {e}"));
-    if std::fs::symlink_metadata(dst).is_ok() {
-        if !replace || !dst.is_dir() {
-            return Err(file_err(dst, "appeared while the output was being written"));
-        }
-        let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-        let aside = dst.with_file_name(format!(".{name}.replaced-{}", std::process::id()));
-        std::fs::rename(dst, &aside).map_err(fail)?;
-        if let Err(e) = std::fs::rename(staged, dst) {
-            let _ = std::fs::rename(&aside, dst);
-            return Err(fail(e));
-        }
-        return std::fs::remove_dir_all(&aside)
-            .map_err(|e| file_err(&aside, format!("cannot remove the replaced directory: {e}")));
+    if std::fs::symlink_metadata(dst).is_err() {
+        return std::fs::rename(staged, dst).map_err(fail);
     }
-    std::fs::rename(staged, dst).map_err(fail)
+    if !replace {
+        return Err(file_err(dst, "appeared while the output was being written"));
+    }
+    check_replaceable(dst)?;
+    // A fresh name beside the destination (not one a killed earlier run may have left).
+    let parent = dst.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let aside = tempfile::Builder::new()
+        .prefix(&format!(".{name}.replaced-"))
+        .tempdir_in(parent)
+        .map_err(|e| file_err(dst, format!("cannot make a name to move the old directory aside: {e}")))?
+        .keep();
+    std::fs::remove_dir(&aside).map_err(|e| file_err(&aside, format!("cannot prepare the aside name: {e}")))?;
+    std::fs::rename(dst, &aside).map_err(fail)?;
+    if let Err(e) = std::fs::rename(staged, dst) {
+        return Err(match std::fs::rename(&aside, dst) {
+            Ok(()) => fail(e),
+            Err(r) => file_err(
+                dst,
+                format!(
+                    "cannot move the output into place ({e}) nor restore the old directory ({r}); it is at {}",
+                    aside.display()
+                ),
+            ),
+        });
+    }
+    // The new output is in place: an old copy that cannot be removed is only reported.
+    if let Err(e) = std::fs::remove_dir_all(&aside) {
+        eprintln!("warning: {}: cannot remove the replaced directory: {e}", aside.display());
+    }
+    Ok(())
 }
 
 /// Makes SIGINT and SIGTERM remove every live [`StagedDir`] (and the parents it created),
