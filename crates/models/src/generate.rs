@@ -70,16 +70,30 @@ pub fn ids(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(&v, &[1, v.len() as i32])?)
 }
 
+/// One decode step queued with `async_eval` ([`queue_step`]).
+#[derive(Debug)]
+pub struct QueuedStep {
+    /// The step's last-position logits, float32 `[1, 1, V]` (computed with the token).
+    pub logits: Array,
+    /// The sampled token, uint32 `[1, 1]` (lazy until read).
+    pub token: Array,
+}
+
 /// Builds one decode step from `input` (token ids `[1, 1]`, possibly lazy), samples its
-/// token lazily with exactly the ops of [`crate::Sampler::sample`] and queues it with
-/// `async_eval`; returns the token, uint32 `[1, 1]`.
-fn decode_step(
+/// token lazily with exactly the ops of [`crate::Sampler::sample`] (argmax, or
+/// `categorical` of the filtered log-probabilities with the key of `step`) and queues it
+/// with `async_eval`. Plain decoding and the speculative executor's plain rounds both use
+/// it, so their tokens cannot drift apart.
+///
+/// # Errors
+/// Model and sampling errors.
+pub fn queue_step(
     model: &Transformer,
     cache: &mut crate::ModelCache,
     input: &Array,
     params: &GenerateParams,
     step: usize,
-) -> Result<Array> {
+) -> Result<QueuedStep> {
     let logits = model.forward(input, cache)?;
     let last = logits.slice_axis(1, -1, i32::MAX)?.astype(Dtype::Float32)?;
     let s = &params.sampler;
@@ -88,9 +102,19 @@ fn decode_step(
     } else {
         categorical(&s.logprobs(&last)?, 0, &s.key(step))?
     };
-    let tok = tok.astype(Dtype::Uint32)?.reshape(&[1, 1])?;
-    async_eval(&[&tok])?;
-    Ok(tok)
+    let token = tok.astype(Dtype::Uint32)?.reshape(&[1, 1])?;
+    async_eval(&[&token])?;
+    Ok(QueuedStep { logits: last, token })
+}
+
+fn decode_step(
+    model: &Transformer,
+    cache: &mut crate::ModelCache,
+    input: &Array,
+    params: &GenerateParams,
+    step: usize,
+) -> Result<Array> {
+    Ok(queue_step(model, cache, input, params, step)?.token)
 }
 
 /// Generates up to `params.max_tokens` tokens after `prompt`, calling `on_token` with each

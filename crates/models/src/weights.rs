@@ -26,15 +26,23 @@ impl Weights {
     }
 
     /// Reads the given safetensors `files` (of the model directory `dir`, which error
-    /// messages name); a later file's tensor replaces an earlier one of the same name.
+    /// messages name).
     ///
     /// # Errors
-    /// [`Error::Mlx`] for a missing or corrupt file (the message names it).
+    /// [`Error::Mlx`] for a missing or corrupt file (the message names it);
+    /// [`Error::Weight`] naming a tensor that two files both hold.
     pub fn load_files(dir: &Path, files: &[PathBuf]) -> Result<Self> {
         let mut tensors = BTreeMap::new();
         for file in files {
-            let st = load_safetensors(file)?;
-            tensors.extend(st.tensors);
+            for (name, t) in load_safetensors(file)?.tensors {
+                if tensors.insert(name.clone(), t).is_some() {
+                    return Err(Error::Weight {
+                        path: dir.into(),
+                        name,
+                        message: format!("stored twice: again in {}", file.display()),
+                    });
+                }
+            }
         }
         Ok(Weights { dir: dir.into(), tensors })
     }

@@ -117,3 +117,12 @@ fn a_packed_width_that_is_not_whole_bits_is_refused() {
     let e = load_model(write(&wide).path(), &LoadOptions::default()).err().expect("refused");
     assert!(e.to_string().contains(name) && e.to_string().contains("whole bits"), "{e}");
 }
+
+#[test]
+fn a_tensor_stored_in_two_files_is_refused() {
+    let tmp = llama_with_extra(&[]);
+    let norm = Array::from_slice(&[1.0f32; 64], &[64]).unwrap();
+    save_safetensors(tmp.path().join("model-extra.safetensors"), [("model.norm.weight", &norm)], []).unwrap();
+    let e = load_model(tmp.path(), &LoadOptions::default()).err().expect("refused");
+    assert!(e.to_string().contains("model.norm.weight") && e.to_string().contains("stored twice"), "{e}");
+}

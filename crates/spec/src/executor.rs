@@ -2,8 +2,7 @@
 //! accept walk with the request's sampler, an exact cache rollback, and the re-feed rule.
 use std::time::Instant;
 
-use mlx_core::random::categorical;
-use mlx_core::{Array, Dtype, async_eval, concatenate, memory};
+use mlx_core::{Array, Dtype, concatenate, memory};
 use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
 use models::{ModelCache, Sampler, Transformer};
 
@@ -376,7 +375,7 @@ struct Ahead {
 
 impl Ahead {
     /// Queues the forward of `input` (`[1, 1]` token ids, possibly lazy) and the sample of
-    /// step `step`, exactly as [`models::generate::decode`] does.
+    /// step `step` with [`models::generate::queue_step`], as plain decoding does.
     fn queue(
         target: &Transformer,
         cache: &mut ModelCache,
@@ -385,17 +384,8 @@ impl Ahead {
         step: usize,
     ) -> Result<Self> {
         let what = || format!("target forward of the plain step {step}");
-        let logits = target.forward(input, cache).context(what)?;
-        let logits = logits.slice_axis(1, -1, i32::MAX).and_then(|l| l.astype(Dtype::Float32)).context(what)?;
-        let s = &params.sampler;
-        let token = if s.is_greedy() {
-            logits.reshape(&[-1]).and_then(|l| l.argmax(0, false)).context(what)?
-        } else {
-            let lp = s.logprobs(&logits).context(what)?;
-            categorical(&lp, 0, &s.key(step)).context(what)?
-        };
-        let token = token.astype(Dtype::Uint32).and_then(|t| t.reshape(&[1, 1])).context(what)?;
-        async_eval(&[&token, &logits]).context(what)?;
+        let models::generate::QueuedStep { logits, token } =
+            models::generate::queue_step(target, cache, input, params, step).context(what)?;
         Ok(Ahead { logits, token })
     }
 

@@ -218,6 +218,14 @@ pub struct DraftTarget<'a> {
     pub load: &'a LoadOptions,
 }
 
+impl DraftTarget<'_> {
+    /// The load options of a drafter: the target's dtype and kernels, with call counters of
+    /// its own (the target's [`mlx_core::KernelPolicy::calls`] count only the target).
+    pub fn drafter_load(&self) -> LoadOptions {
+        LoadOptions { kernels: self.load.kernels.clone().with_new_counters(), ..self.load.clone() }
+    }
+}
+
 /// A built drafter and its drafts per round.
 pub struct LoadedDrafter {
     /// Opens one draft source per request.
@@ -391,7 +399,7 @@ impl DrafterSpec {
                 LoadedDrafter { provider: Box::new(n.provider()?), num_draft_tokens: n.num_draft_tokens }
             }
             DrafterSpec::DSpark { dir, num_draft_tokens, confidence_threshold } => {
-                let drafter = drafter::Drafter::load(dir, target.load)
+                let drafter = drafter::Drafter::load(dir, &target.drafter_load())
                     .context(|| format!("loading DSpark drafter {}", dir.display()))?;
                 let num_draft_tokens = num_draft_tokens.unwrap_or(drafter.block_size());
                 let provider = DSparkProvider::new(drafter, dir.display().to_string())?
@@ -402,7 +410,8 @@ impl DrafterSpec {
                 let name = dir.display().to_string();
                 let draft_tok = Tokenizer::from_dir(dir).context(|| format!("loading the tokenizer of {name}"))?;
                 check_tokenizers(&draft_tok, target.tokenizer, &name, &target.dir.display().to_string())?;
-                let model = load_model(dir, target.load).context(|| format!("loading draft model {name}"))?;
+                let model =
+                    load_model(dir, &target.drafter_load()).context(|| format!("loading draft model {name}"))?;
                 let mut provider = TwoModelProvider::new(model, name).with_sampling(*sampling);
                 if *adaptive {
                     let cache = |dir: &Path| CostModel::measure(Some(CurveCache::for_model(dir, target.load)));
