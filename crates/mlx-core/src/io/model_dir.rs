@@ -505,6 +505,10 @@ mod tests {
         s.commit(false).unwrap();
         assert!(dst.join("f").is_file());
         let s = StagedDir::create(&dst, "testing").unwrap();
+        let e = s.commit(true).unwrap_err().to_string();
+        assert!(e.contains("neither a model directory"), "a directory without config.json is not replaced: {e}");
+        std::fs::write(dst.join("config.json"), "{}").unwrap();
+        let s = StagedDir::create(&dst, "testing").unwrap();
         assert!(s.commit(false).is_err(), "an existing destination is kept without replace");
         let s = StagedDir::create(&dst, "testing").unwrap();
         std::fs::write(s.path().join("g"), "y").unwrap();
