@@ -387,23 +387,8 @@ mod tests {
         ) {
             let schedule = if heuristic { DraftSchedule::Heuristic } else { DraftSchedule::Constant };
             let mut src = NgramSource::new(3, 1).unwrap().with_schedule(schedule);
-            src.prefill(&prompt, None).unwrap();
-            let mut stream = prompt.clone();
-            let mut feed = vec![*prompt.last().unwrap()];
-            for (n, acc, fresh) in rounds {
-                let step = stream.len() - prompt.len();
-                let drafts = src.draft(&feed, n, step).unwrap();
-                prop_assert!(drafts.len() <= n);
-                prop_assert_eq!(src.history(), &stream[..]);
-                let d = drafts.len();
-                let accepted = acc.min(d);
-                stream.extend(&drafts[..accepted]);
-                // The closing token differs from the rejected draft (a correction) or is a bonus.
-                let next = if accepted < d { drafts[accepted] + 1 + fresh } else { fresh };
-                stream.push(next);
-                src.commit(d, accepted, None).unwrap();
-                feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
-            }
+            let driven = crate::source::drive_protocol(&mut src, |s| s.history().to_vec(), &prompt, &rounds);
+            prop_assert!(driven.is_ok(), "{:?}", driven);
         }
     }
 

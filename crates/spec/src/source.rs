@@ -107,3 +107,37 @@ pub trait DraftSource {
     /// of the last draft or `accepted > drafted`.
     fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()>;
 }
+
+/// Test support: drives `src` through the executor's protocol over `prompt` for `rounds` of
+/// `(n, accepted, fresh)` (ask for `n` drafts, accept `min(accepted, d)`, close with a token
+/// that differs from the rejected draft or a bonus, re-feed after all-accept rounds) and
+/// checks after every draft that `history(src)` is prompt ++ emitted and at most `n` came.
+#[cfg(test)]
+pub(crate) fn drive_protocol<S: DraftSource>(
+    src: &mut S,
+    history: impl Fn(&S) -> Vec<u32>,
+    prompt: &[u32],
+    rounds: &[(usize, usize, u32)],
+) -> std::result::Result<(), String> {
+    src.prefill(prompt, None).map_err(|e| e.to_string())?;
+    let mut stream = prompt.to_vec();
+    let mut feed = vec![*prompt.last().ok_or("an empty prompt")?];
+    for &(n, acc, fresh) in rounds {
+        let step = stream.len() - prompt.len();
+        let drafts = src.draft(&feed, n, step).map_err(|e| e.to_string())?;
+        if drafts.len() > n {
+            return Err(format!("{} drafts asked for {n}", drafts.len()));
+        }
+        if history(src) != stream {
+            return Err(format!("history {:?} is not prompt ++ emitted {stream:?}", history(src)));
+        }
+        let d = drafts.len();
+        let accepted = acc.min(d);
+        stream.extend(&drafts[..accepted]);
+        let next = if accepted < d { drafts[accepted] + 1 + fresh } else { fresh };
+        stream.push(next);
+        src.commit(d, accepted, None).map_err(|e| e.to_string())?;
+        feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
+    }
+    Ok(())
+}

@@ -737,22 +737,8 @@ mod tests {
         ) {
             let provider = SuffixProvider::new(CostModel::fixed(CostCurve::linear(0.2, 33)));
             let mut src = if adaptive { provider.open_with_curve(Some(CostCurve::linear(0.2, 33))) } else { SuffixSource::fixed() };
-            src.prefill(&prompt, None).unwrap();
-            let mut stream = prompt.clone();
-            let mut feed = vec![*prompt.last().unwrap()];
-            for (n, acc, fresh) in rounds {
-                let step = stream.len() - prompt.len();
-                let drafts = src.draft(&feed, n, step).unwrap();
-                prop_assert!(drafts.len() <= n);
-                prop_assert_eq!(src.history(), &stream[..]);
-                let d = drafts.len();
-                let accepted = acc.min(d);
-                stream.extend(&drafts[..accepted]);
-                let next = if accepted < d { drafts[accepted] + 1 + fresh } else { fresh };
-                stream.push(next);
-                src.commit(d, accepted, None).unwrap();
-                feed = if d > 0 && accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
-            }
+            let driven = crate::source::drive_protocol(&mut src, |s| s.history().to_vec(), &prompt, &rounds);
+            prop_assert!(driven.is_ok(), "{:?}", driven);
         }
     }
 
