@@ -426,18 +426,12 @@ impl SuffixProvider {
     /// A source for one request under `curve` (no target needed: for tests and replays).
     pub fn open_with_curve(&self, curve: Option<CostCurve>) -> SuffixSource {
         let docs: Vec<Arc<SuffixIndex>> = self.store.lock().expect("store lock").docs.iter().cloned().collect();
-        SuffixSource {
-            index: SuffixIndex::new(),
-            prompt_len: 0,
-            last_drafts: Vec::new(),
-            shadow: None,
-            copy: None,
-            store_matches: docs.into_iter().map(StoreMatch::new).collect(),
-            store: Some(self.store.clone()),
-            acceptance: self.acceptance.clone(),
-            curve: if self.adaptive { curve } else { None },
-            after_plain: false,
-        }
+        let mut source = SuffixSource::fixed();
+        source.store_matches = docs.into_iter().map(StoreMatch::new).collect();
+        source.store = Some(self.store.clone());
+        source.acceptance = self.acceptance.clone();
+        source.curve = if self.adaptive { curve } else { None };
+        source
     }
 }
 
