@@ -343,6 +343,13 @@ struct Qkv {
     va: Array,
 }
 
+impl Qkv {
+    /// `fast::scaled_dot_product_attention` of these inputs under the default kernel policy.
+    fn sdpa(&self, scale: f32, mask: AttentionMask) -> mlx_core::Result<Array> {
+        fast::scaled_dot_product_attention(&self.qa, &self.ka, &self.va, scale, mask, &KernelPolicy::default())
+    }
+}
+
 fn qkv(s: Dims) -> Qkv {
     let q = data(s.b * s.hq * s.lq * s.d, 0.1);
     let k = data(s.b * s.hkv * s.lk * s.d, 2.3);
@@ -360,15 +367,7 @@ fn sdpa_no_mask() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 9, ..MHA }, Dims { dv: 6, ..MHA }] {
         let t = qkv(s);
         let scale = 1.0 / (s.d as f32).sqrt();
-        let r = fast::scaled_dot_product_attention(
-            &t.qa,
-            &t.ka,
-            &t.va,
-            scale,
-            AttentionMask::None,
-            &KernelPolicy::default(),
-        )
-        .unwrap();
+        let r = t.sdpa(scale, AttentionMask::None).unwrap();
         assert_eq!(r.shape(), vec![s.b as i32, s.hq as i32, s.lq as i32, s.dv as i32]);
         let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, _, _| 0.0);
         assert_close(&f32s(&r), &want, TOL);
@@ -381,15 +380,7 @@ fn sdpa_causal_with_shorter_queries() {
     for s in [MHA, Dims { lq: 5, ..MHA }, Dims { lq: 1, lk: 4, ..MHA }] {
         let t = qkv(s);
         let scale = 0.3;
-        let r = fast::scaled_dot_product_attention(
-            &t.qa,
-            &t.ka,
-            &t.va,
-            scale,
-            AttentionMask::Causal,
-            &KernelPolicy::default(),
-        )
-        .unwrap();
+        let r = t.sdpa(scale, AttentionMask::Causal).unwrap();
         let off = s.lk - s.lq;
         let want = sdpa_ref(
             &t.q,
@@ -403,14 +394,8 @@ fn sdpa_causal_with_shorter_queries() {
     }
     // The causal result differs from the unmasked one (the mask is really applied).
     let t = qkv(MHA);
-    let c = f32s(
-        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::Causal, &KernelPolicy::default())
-            .unwrap(),
-    );
-    let n = f32s(
-        &fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, 0.3, AttentionMask::None, &KernelPolicy::default())
-            .unwrap(),
-    );
+    let c = f32s(&t.sdpa(0.3, AttentionMask::Causal).unwrap());
+    let n = f32s(&t.sdpa(0.3, AttentionMask::None).unwrap());
     assert!(c.iter().zip(&n).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
@@ -430,30 +415,14 @@ fn sdpa_additive_float_mask() {
     }
     let ma = arr(&m, &[s.b as i32, 1, s.lq as i32, s.lk as i32]);
     let scale = 0.35;
-    let r = fast::scaled_dot_product_attention(
-        &t.qa,
-        &t.ka,
-        &t.va,
-        scale,
-        AttentionMask::Array(&ma),
-        &KernelPolicy::default(),
-    )
-    .unwrap();
+    let r = t.sdpa(scale, AttentionMask::Array(&ma)).unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, _, i, j| m[(b * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 
     // A [Lq, Lk] mask broadcasts over batch and heads.
     let m2: Vec<f32> = (0..s.lq * s.lk).map(|n| (n as f32 * 0.37).cos()).collect();
     let m2a = arr(&m2, &[s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(
-        &t.qa,
-        &t.ka,
-        &t.va,
-        scale,
-        AttentionMask::Array(&m2a),
-        &KernelPolicy::default(),
-    )
-    .unwrap();
+    let r = t.sdpa(scale, AttentionMask::Array(&m2a)).unwrap();
     let want = sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |_, _, i, j| m2[i * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
 }
@@ -467,15 +436,7 @@ fn sdpa_boolean_mask() {
     let bytes: Vec<u8> = keep.iter().map(|&b| b as u8).collect();
     let ma = Array::from_bytes(&bytes, &[s.lq as i32, s.lk as i32], Dtype::Bool).unwrap();
     let scale = 0.4;
-    let r = fast::scaled_dot_product_attention(
-        &t.qa,
-        &t.ka,
-        &t.va,
-        scale,
-        AttentionMask::Array(&ma),
-        &KernelPolicy::default(),
-    )
-    .unwrap();
+    let r = t.sdpa(scale, AttentionMask::Array(&ma)).unwrap();
     let want = sdpa_ref(
         &t.q,
         &t.k,
@@ -493,20 +454,8 @@ fn sdpa_boolean_mask() {
     let qi = Array::arange(0.0, s.lq as f64, 1.0, Dtype::Int32).unwrap().reshape(&[s.lq as i32, 1]).unwrap();
     let kj = Array::arange(0.0, s.lk as f64, 1.0, Dtype::Int32).unwrap();
     let causal = kj.less_equal(&qi.add(&Array::scalar_as(off as f64, Dtype::Int32).unwrap()).unwrap()).unwrap();
-    let by_mask = f32s(
-        &fast::scaled_dot_product_attention(
-            &t.qa,
-            &t.ka,
-            &t.va,
-            scale,
-            AttentionMask::Array(&causal),
-            &KernelPolicy::default(),
-        )
-        .unwrap(),
-    );
-    let by_mode =
-        fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, AttentionMask::Causal, &KernelPolicy::default())
-            .unwrap();
+    let by_mask = f32s(&t.sdpa(scale, AttentionMask::Array(&causal)).unwrap());
+    let by_mode = t.sdpa(scale, AttentionMask::Causal).unwrap();
     let by_mask64: Vec<f64> = by_mask.iter().map(|&v| v as f64).collect();
     assert_close(&f32s(&by_mode), &by_mask64, TOL);
 }
@@ -519,7 +468,7 @@ fn sdpa_grouped_query_attention() {
     let scale = 1.0 / (s.d as f32).sqrt();
     for causal in [false, true] {
         let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
-        let r = fast::scaled_dot_product_attention(&t.qa, &t.ka, &t.va, scale, mask, &KernelPolicy::default()).unwrap();
+        let r = t.sdpa(scale, mask).unwrap();
         assert_eq!(r.shape(), vec![2, 4, 3, 8]);
         let off = s.lk - s.lq;
         let want =
@@ -538,15 +487,7 @@ fn sdpa_grouped_query_attention() {
     // With a float mask [B, Hq, Lq, Lk] that differs per head.
     let m: Vec<f32> = (0..s.b * s.hq * s.lq * s.lk).map(|n| (n as f32 * 0.61).sin()).collect();
     let ma = arr(&m, &[s.b as i32, s.hq as i32, s.lq as i32, s.lk as i32]);
-    let r = fast::scaled_dot_product_attention(
-        &t.qa,
-        &t.ka,
-        &t.va,
-        scale,
-        AttentionMask::Array(&ma),
-        &KernelPolicy::default(),
-    )
-    .unwrap();
+    let r = t.sdpa(scale, AttentionMask::Array(&ma)).unwrap();
     let want =
         sdpa_ref(&t.q, &t.k, &t.v, s, scale as f64, |b, h, i, j| m[((b * s.hq + h) * s.lq + i) * s.lk + j] as f64);
     assert_close(&f32s(&r), &want, TOL);
