@@ -55,7 +55,7 @@ pub(crate) struct DraftingArgs {
     /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
     /// tokens). Greedy decoding ignores it.
     #[arg(long, default_value = "exact")]
-    acceptance: Acceptance,
+    pub(crate) acceptance: Acceptance,
     /// DSpark drafters: cut each block before the first position whose confidence is below
     /// this (0 = off).
     #[arg(long)]

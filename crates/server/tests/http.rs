@@ -339,25 +339,51 @@ async fn until_idle(url: &str, within: Duration) {
     }
 }
 
+/// Sends `body` to `path` over a raw TCP connection and reads `read` bytes of the answer (0:
+/// none); the caller drops the socket to go away.
+async fn raw_request(url: &str, path: &str, body: &Value, read: usize) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(body.as_bytes()).await.unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 256];
+    while got < read {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the server closed the connection");
+        got += n;
+    }
+    socket
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_request() {
     let url = spawn(config());
-    let long = json!({"prompt": "Write a very long story about a dragon.", "max_tokens": 4000, "stream": true,
-                      "num_draft_tokens": 0});
-    // Streaming: read a few chunks, then drop the response.
-    let mut r = client().post(format!("{url}/v1/completions")).json(&long).send().await.unwrap();
-    for _ in 0..3 {
-        r.chunk().await.unwrap().unwrap();
-    }
+    let long = chat_body("Write a very long story about a dragon.", json!({"max_tokens": 4000, "stream": true,
+                                                                          "num_draft_tokens": 0}));
+    // Streaming, in decode: read some chunks, then close the connection.
+    let socket = raw_request(&url, "/v1/chat/completions", &long, 1000).await;
     assert_eq!(running(&url).await, 1.0);
-    drop(r);
-    until_idle(&url, Duration::from_secs(10)).await;
-    // Not streaming: the client times out and closes the connection.
+    drop(socket);
+    until_idle(&url, Duration::from_secs(5)).await;
+    // Not streaming (the default drafter): close the connection while it generates.
     let mut body = long.clone();
     body["stream"] = json!(false);
-    let r = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().unwrap();
-    assert!(r.post(format!("{url}/v1/completions")).json(&body).send().await.is_err());
-    until_idle(&url, Duration::from_secs(10)).await;
+    body["num_draft_tokens"] = json!(null);
+    let socket = raw_request(&url, "/v1/chat/completions", &body, 0).await;
+    let start = Instant::now();
+    while running(&url).await == 0.0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the request never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(socket);
+    until_idle(&url, Duration::from_secs(5)).await;
     // The next request is served at once.
     let start = Instant::now();
     let (status, _) = post(&url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).await;
@@ -368,7 +394,7 @@ async fn a_client_that_goes_away_cancels_its_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_503_with_retry_after() {
     let url = spawn(ServeConfig { max_queue: 1, ..config() });
-    let body = json!({"prompt": "Count to one hundred:", "max_tokens": 150, "num_draft_tokens": 0});
+    let body = json!({"prompt": "Count to one hundred:", "max_tokens": 40, "num_draft_tokens": 0});
     let send = || {
         let (url, body) = (url.clone(), body.clone());
         tokio::spawn(async move { client().post(format!("{url}/v1/completions")).json(&body).send().await.unwrap() })
