@@ -65,6 +65,9 @@ pub struct Drafter {
 /// The per-request drafter state: for every draft layer, the K (after `k_norm` and RoPE)
 /// and V of the context rows ingested so far, `[1, nkv, len, hd]` each. Block rows never
 /// persist. `len` is the drafter's `start`: the absolute position of the next anchor.
+/// Cloning shares the arrays (a later write to either copy allocates anew), which is how a
+/// prompt cache keeps a context for a later request.
+#[derive(Clone)]
 pub struct DraftContext {
     layers: Vec<KvCache>,
     len: usize,
@@ -79,6 +82,16 @@ impl DraftContext {
     /// Whether no context has been ingested.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Keeps the first `len` context rows (no-op when `len >= self.len()`), for a request
+    /// that shares only that prefix with the one that filled the context.
+    pub fn truncate(&mut self, len: usize) {
+        let drop = self.len.saturating_sub(len);
+        for layer in &mut self.layers {
+            layer.trim(drop);
+        }
+        self.len -= drop;
     }
 
     /// The cached K and V of draft layer `layer`, `[1, nkv, len, hd]` each (K after
