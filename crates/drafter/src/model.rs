@@ -178,7 +178,7 @@ impl Drafter {
         let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let gemma = c.architecture == Architecture::Gemma4;
         let bias = c.attention_bias;
-        let mut layers = Vec::with_capacity(c.num_layers);
+        let mut layers = Vec::new(); // the count is untrusted until the weights hold its layers
         for i in 0..c.num_layers {
             let mut p = w.pp(format_args!("layers.{i}"));
             let mut a = p.pp("self_attn");
