@@ -223,7 +223,19 @@ impl Drafter {
         }
         let (v, r) = (c.vocab_size, c.markov_rank);
         let embed = w.embedding("embed_tokens", v, h)?;
-        let fc = w.linear("fc", h, c.feature_width(), false)?;
+        let fc = w.linear("fc", h, c.feature_width(), false).map_err(|e| match e {
+            models::Error::Weight { path, name, message } => models::Error::Weight {
+                path,
+                name,
+                message: format!(
+                    "{message} (config.json: its input is the {} tapped layers of target_layer_ids {:?} \
+                     x hidden_size {h})",
+                    c.target_layer_ids.len(),
+                    c.target_layer_ids
+                ),
+            },
+            e => e,
+        })?;
         let hidden_norm = w.norm("hidden_norm", h, eps)?;
         let norm = w.norm("norm", h, eps)?;
         let lm_head = w.linear("lm_head", v, h, false)?;

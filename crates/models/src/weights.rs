@@ -88,7 +88,7 @@ impl Weights {
             return Err(Error::Weight {
                 path: self.dir.clone(),
                 name: name.into(),
-                message: format!("expected shape {shape:?}, found {:?}", a.shape()),
+                message: format!("expected shape {shape:?} (from config.json's sizes), found {:?}", a.shape()),
             });
         }
         Ok(())
