@@ -178,10 +178,23 @@ impl<'a> Loader<'a> {
     /// config entry.
     fn quantized(&mut self, base: &str, out: usize, inp: usize) -> Result<Option<QuantizedMatrix>> {
         let scales_name = format!("{base}.scales");
+        let weight_name = format!("{base}.weight");
         if !self.weights.contains(&scales_name) {
+            // A packed weight without its scales is a damaged quantized checkpoint, not a
+            // dense matrix of the wrong shape.
+            let packed = self.weights.get(&weight_name).is_some_and(|w| w.dtype() == Dtype::Uint32);
+            if packed && self.ctx.quant.spec_for(base).is_some() {
+                return Err(Error::Weight {
+                    path: self.weights.dir().into(),
+                    name: scales_name,
+                    message: format!(
+                        "missing from the weight files: `{weight_name}` is packed uint32 (config.json's \
+                         quantization block quantizes it), so its scales and biases must be there too"
+                    ),
+                });
+            }
             return Ok(None);
         }
-        let weight_name = format!("{base}.weight");
         let weight = self.weights.take(&weight_name)?;
         let scales = self.weights.take(&scales_name)?;
         let scales = self.cast(scales)?;

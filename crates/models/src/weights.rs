@@ -52,6 +52,11 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// The tensor `name`, if present (not taken).
+    pub fn get(&self, name: &str) -> Option<&Array> {
+        self.tensors.get(name)
+    }
+
     /// Removes and returns `name`.
     ///
     /// # Errors
