@@ -426,3 +426,53 @@ async fn a_dead_engine_turns_health_503_and_fails_requests() {
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["error"]["type"], "unavailable_error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_turn_reuses_the_first_turns_prefix() {
+    let url = spawn(config());
+    let first = chat_body(REPEAT, json!({"max_tokens": 24}));
+    let (status, v) = post(&url, "/v1/chat/completions", first).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let reply = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let second = json!({"messages": [
+        {"role": "user", "content": REPEAT},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Again, please."},
+    ], "max_tokens": 24});
+    let (status, warm) = post(&url, "/v1/chat/completions", second.clone()).await;
+    assert_eq!(status, 200, "{warm}");
+    let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 10, "cached_tokens {cached}: {warm}");
+    assert_eq!(warm["timings"]["cache_n"].as_u64(), Some(cached));
+    // A cold run of the same conversation (no prompt cache) gives the same text.
+    let cold_url = spawn(ServeConfig { prompt_cache_size: 0, ..config() });
+    let (status, cold) = post(&cold_url, "/v1/chat/completions", second).await;
+    assert_eq!(status, 200, "{cold}");
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(cold["choices"][0]["message"]["content"], warm["choices"][0]["message"]["content"]);
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(sample(&text, "mlx_spec:prefix_cache_hits_total").unwrap() >= cached as f64);
+    assert!(sample(&text, "mlx_spec:prompt_cache_bytes").unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_per_token() {
+    let url = shared();
+    let body = chat_body("Say hello.", json!({"max_tokens": 6, "logprobs": true, "top_logprobs": 2}));
+    let (status, v) = post(url, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for entry in content {
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], entry["token"]);
+    }
+    let (status, v) =
+        post(url, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 4, "logprobs": 1})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 4);
+}
