@@ -118,7 +118,9 @@ impl SpecBackend {
             }
         }
         for (kind, d) in &drafters {
-            d.provider.open(&model, &Sampler::default()).with_context(|| format!("opening the {} drafter", kind_name(*kind)))?;
+            d.provider
+                .open(&model, &Sampler::default())
+                .with_context(|| format!("opening the {} drafter", kind_name(*kind)))?;
         }
         tracing::info!(model = %dir.display(), drafter = %drafting.describe(), "model loaded");
         Ok(SpecBackend {
@@ -140,7 +142,8 @@ impl Backend for SpecBackend {
         on_token: &mut dyn FnMut(Token) -> bool,
     ) -> anyhow::Result<Summary> {
         let params = GenerateParams { max_tokens: job.max_tokens, sampler: job.sampler.clone(), eos: self.eos.clone() };
-        let kind = if job.num_draft_tokens == Some(0) { DraftKind::None } else { job.draft_kind.unwrap_or(self.default_kind) };
+        let kind =
+            if job.num_draft_tokens == Some(0) { DraftKind::None } else { job.draft_kind.unwrap_or(self.default_kind) };
         let drafter = self.drafters.iter().find(|(k, _)| *k == kind).map(|(_, d)| d);
         let (mut source, options): (Box<dyn DraftSource + '_>, _) = match drafter {
             Some(d) => {

@@ -613,7 +613,10 @@ mod tests {
             (r#"{"messages":[{"role":"user","content":"hi"}],"temperature":-0.5}"#, Some("temperature")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"top_p":0}"#, Some("top_p")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"min_p":2}"#, Some("min_p")),
-            (r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":21,"logprobs":true}"#, Some("top_logprobs")),
+            (
+                r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":21,"logprobs":true}"#,
+                Some("top_logprobs"),
+            ),
             (r#"{"messages":[{"role":"user","content":"hi"}],"stop":["a",""]}"#, Some("stop")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#, Some("n")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-4"}"#, Some("model")),

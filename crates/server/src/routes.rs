@@ -252,7 +252,8 @@ async fn generate(
         fault: req.fault,
     };
     let ticket = s.engine.submit(job)?;
-    let reply = Reply { id: new_id(endpoint), created: unix_now(), model: s.limits.served_model_name.clone(), endpoint };
+    let reply =
+        Reply { id: new_id(endpoint), created: unix_now(), model: s.limits.served_model_name.clone(), endpoint };
     if req.stream { Ok(stream(s, req, ticket, reply)) } else { collect(s, req, ticket, reply).await }
 }
 
@@ -314,7 +315,13 @@ struct Assembly<'t> {
 
 impl<'t> Assembly<'t> {
     fn new(tokenizer: &'t Tokenizer, stops: Vec<String>, logprobs: bool) -> Self {
-        Assembly { tokenizer, decoder: tokenizer.stream_decoder(true), stop: StopMatcher::new(stops), tokens: 0, logprobs }
+        Assembly {
+            tokenizer,
+            decoder: tokenizer.stream_decoder(true),
+            stop: StopMatcher::new(stops),
+            tokens: 0,
+            logprobs,
+        }
     }
 
     /// The text `t` releases, its log-probabilities, and whether a stop string matched.
@@ -430,13 +437,20 @@ fn stream(s: Arc<AppState>, req: GenRequest, ticket: Ticket, reply: Reply) -> Re
         let _ = pump(&s, &req, ticket, &reply, &tx).await;
     });
     let body = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    let mut response = Sse::new(body).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();
+    let mut response =
+        Sse::new(body).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
 /// Sends one request's SSE events into `tx`; `Err(())` when the client is gone.
-async fn pump(s: &AppState, req: &GenRequest, mut ticket: Ticket, reply: &Reply, tx: &mpsc::Sender<SseEvent>) -> Result<(), ()> {
+async fn pump(
+    s: &AppState,
+    req: &GenRequest,
+    mut ticket: Ticket,
+    reply: &Reply,
+    tx: &mpsc::Sender<SseEvent>,
+) -> Result<(), ()> {
     let send = |v: Value| async move { tx.send(data(&v)).await.map_err(|_| ()) };
     let usage_null = req.include_usage;
     if reply.endpoint == Endpoint::Chat {

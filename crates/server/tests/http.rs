@@ -157,7 +157,8 @@ async fn chat_and_completions_stream_and_not() {
 async fn drafting_is_lossless_through_http() {
     let url = shared();
     let run = |extra: Value| async move {
-        let (status, v) = post(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40}).merge(extra))).await;
+        let (status, v) =
+            post(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40}).merge(extra))).await;
         assert_eq!(status, 200, "{v}");
         (v["choices"][0]["message"]["content"].as_str().unwrap().to_string(), v["timings"].clone())
     };
@@ -169,9 +170,12 @@ async fn drafting_is_lossless_through_http() {
     }
     let (_, t) = run(json!({"draft_kind": "ngram"})).await;
     assert!(t["draft_n"].as_u64().unwrap() > 0, "n-gram drafting drafted nothing on a repetitive prompt: {t}");
-    let events =
-        sse(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40, "stream": true, "draft_kind": "ngram"})))
-            .await;
+    let events = sse(
+        url,
+        "/v1/chat/completions",
+        chat_body(REPEAT, json!({"max_tokens": 40, "stream": true, "draft_kind": "ngram"})),
+    )
+    .await;
     assert_eq!(stream_text(&events).0, plain);
 }
 
@@ -259,7 +263,8 @@ async fn client_mistakes_are_openai_shaped_400s() {
 async fn an_injected_error_or_panic_fails_one_request_only() {
     let url = shared();
     for fault in ["error", "panic"] {
-        let (status, v) = post(url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2, "x_test_fault": fault})).await;
+        let (status, v) =
+            post(url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2, "x_test_fault": fault})).await;
         assert_eq!(status, 500, "{v}");
         assert_eq!(v["error"]["type"], "server_error");
         let r = client().get(format!("{url}/health")).send().await.unwrap();
@@ -365,8 +370,11 @@ async fn raw_request(url: &str, path: &str, body: &Value, read: usize) -> tokio:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_request() {
     let url = spawn(config());
-    let long = chat_body("Write a very long story about a dragon.", json!({"max_tokens": 4000, "stream": true,
-                                                                          "num_draft_tokens": 0}));
+    let long = chat_body(
+        "Write a very long story about a dragon.",
+        json!({"max_tokens": 4000, "stream": true,
+                                                                          "num_draft_tokens": 0}),
+    );
     // Streaming, in decode: read some chunks, then close the connection.
     let socket = raw_request(&url, "/v1/chat/completions", &long, 1000).await;
     assert_eq!(running(&url).await, 1.0);
