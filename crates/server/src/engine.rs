@@ -172,19 +172,30 @@ struct Job {
     spec: JobSpec,
     events: mpsc::UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
     arrived: Instant,
     /// Held until the engine is done with the job: admission counts waiting + running.
     _permit: OwnedSemaphorePermit,
 }
 
-/// Sets a request's cancel flag when dropped (the client went away) or when told.
+/// Sets a request's cancel flag when dropped (the client went away); [`CancelOnDrop::stop`]
+/// ends it early on purpose (a stop string matched).
 #[derive(Debug)]
-pub struct CancelOnDrop(Arc<AtomicBool>);
+pub struct CancelOnDrop {
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
 
 impl CancelOnDrop {
-    /// Cancels now (a stop string matched: nothing more is wanted).
+    /// Nothing more is wanted (a stop string matched): the engine stops at the next token
+    /// ([`Finish::Stopped`]) and still reports the request's `Done`.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Cancels now, as dropping does ([`Finish::Cancelled`]).
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.cancel.store(true, Ordering::Relaxed);
     }
 }
 
@@ -232,6 +243,7 @@ impl Drop for DeadOnExit {
         *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(why);
         self.metrics.engine_alive.set(0);
         self.metrics.requests_running.set(0);
+        self.metrics.requests_waiting.set(0);
     }
 }
 
@@ -290,13 +302,21 @@ impl EngineHandle {
         };
         let (events_tx, events) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let job = Job { spec, events: events_tx, cancel: cancel.clone(), arrived: Instant::now(), _permit: permit };
+        let stop = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            spec,
+            events: events_tx,
+            cancel: cancel.clone(),
+            stop: stop.clone(),
+            arrived: Instant::now(),
+            _permit: permit,
+        };
         self.metrics.requests_waiting.inc();
         if self.jobs.send(job).is_err() {
             self.metrics.requests_waiting.dec();
             return Err(ApiError::Unavailable("the engine is not running".into()));
         }
-        Ok(Ticket { events, cancel: CancelOnDrop(cancel) })
+        Ok(Ticket { events, cancel: CancelOnDrop { cancel, stop } })
     }
 }
 
@@ -351,7 +371,7 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
 fn serve_one<B: Backend>(backend: &mut B, job: &Job, metrics: &Metrics) -> Event {
     let mut last: Option<Instant> = None;
     let mut on_token = |t: Token| {
-        if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+        if job.cancel.load(Ordering::Relaxed) || job.stop.load(Ordering::Relaxed) || job.events.is_closed() {
             return false;
         }
         let now = Instant::now();

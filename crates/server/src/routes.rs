@@ -401,7 +401,7 @@ async fn collect(s: Arc<AppState>, req: GenRequest, mut ticket: Ticket, reply: R
                 text.push_str(&piece);
                 logprobs.extend(lp);
                 if stopped {
-                    ticket.cancel.cancel();
+                    ticket.cancel.stop();
                 }
             }
             Some(Event::Done(summary)) => break summary,
@@ -469,7 +469,7 @@ async fn pump(
                     Err(e) => break Err(e),
                 };
                 if stopped {
-                    ticket.cancel.cancel();
+                    ticket.cancel.stop();
                 }
                 if !piece.is_empty() || lp.is_some() {
                     let lps = lp.map_or(Value::Null, |lp| reply.logprobs(&[lp], offset));

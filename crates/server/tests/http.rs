@@ -484,3 +484,13 @@ async fn logprobs_come_per_token() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn a_chat_template_flag_replaces_the_models_template() {
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+    let tok = server::load_tokenizer(&model_dir(), Some(template)).unwrap();
+    let text = tok.apply_chat_template(&[models::tokenizer::ChatMessage::user("hi")], true).unwrap();
+    assert_eq!(text, "<user>hi");
+    let plain = server::load_tokenizer(&model_dir(), None).unwrap();
+    assert_eq!(plain.encode("hello there", false).unwrap(), tok.encode("hello there", false).unwrap());
+}
