@@ -242,9 +242,11 @@ async fn generate(
             format!("draft_kind `{}`: this server offers {}", kind_name(kind), offered.join(", ")),
         ));
     }
+    // Never past the context: the answer then ends with finish_reason "length".
+    let max_tokens = s.context.map_or(req.max_tokens, |ctx| req.max_tokens.min(ctx - prompt.len()));
     let job = JobSpec {
         prompt,
-        max_tokens: req.max_tokens,
+        max_tokens,
         sampler: req.sampler.clone(),
         num_draft_tokens: req.num_draft_tokens,
         draft_kind: req.draft_kind,

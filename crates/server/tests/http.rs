@@ -168,6 +168,13 @@ async fn drafting_is_lossless_through_http() {
         let (text, _) = run(extra.clone()).await;
         assert_eq!(text, plain, "{extra}");
     }
+    // Seeded sampling: exact acceptance gives the plain tokens for the same seed.
+    let sampled = json!({"temperature": 0.9, "top_p": 0.95, "seed": 11});
+    let (plain_sampled, _) = run(sampled.clone().merge(json!({"num_draft_tokens": 0}))).await;
+    for kind in ["ngram", "suffix"] {
+        let (text, _) = run(sampled.clone().merge(json!({"draft_kind": kind}))).await;
+        assert_eq!(text, plain_sampled, "sampled, {kind}");
+    }
     let (_, t) = run(json!({"draft_kind": "ngram"})).await;
     assert!(t["draft_n"].as_u64().unwrap() > 0, "n-gram drafting drafted nothing on a repetitive prompt: {t}");
     let events = sse(
