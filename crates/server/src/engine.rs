@@ -552,6 +552,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn requests_wait_while_the_model_loads() {
+        let e = EngineHandle::start(
+            || {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(Counting { pause: Duration::ZERO })
+            },
+            4,
+            Arc::default(),
+        )
+        .unwrap();
+        assert_eq!(e.health(), Health::Loading);
+        let mut t = e.submit(job(1, 2)).unwrap();
+        assert_eq!(drain(&mut t).0, [2, 3]);
+        assert_eq!(e.health(), Health::Ready);
+    }
+
+    #[test]
     fn a_failed_load_is_a_dead_engine() {
         let e = EngineHandle::start(|| -> anyhow::Result<Counting> { anyhow::bail!("no weights") }, 1, Arc::default())
             .unwrap();

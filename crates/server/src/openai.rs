@@ -485,7 +485,9 @@ pub struct Timings {
     pub cache_n: usize,
     /// Prefill wall time, milliseconds.
     pub prompt_ms: f64,
-    /// Tokens generated.
+    /// Tokens the engine generated (as `mlx_spec:generation_tokens_total` counts them; with
+    /// a stop string this can exceed `usage.completion_tokens`, which stops at the token that
+    /// completed it).
     pub predicted_n: usize,
     /// Decode wall time, milliseconds.
     pub predicted_ms: f64,

@@ -377,7 +377,9 @@ impl<'t> Assembly<'t> {
             prompt_n: summary.prompt_tokens - summary.cached_tokens,
             cache_n: summary.cached_tokens,
             prompt_ms: summary.prefill_ms,
-            predicted_n: self.tokens,
+            // What the engine generated (the metrics count the same): with a stop string, a
+            // round can run past the token that completed it.
+            predicted_n: summary.completion_tokens,
             predicted_ms: summary.decode_ms,
             draft_n: summary.drafted,
             draft_n_accepted: summary.accepted,
