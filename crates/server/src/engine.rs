@@ -175,7 +175,7 @@ struct Job {
     stop: Arc<AtomicBool>,
     arrived: Instant,
     /// Held until the engine is done with the job: admission counts waiting + running.
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 /// Sets a request's cancel flag when dropped (the client went away); [`CancelOnDrop::stop`]
@@ -309,7 +309,7 @@ impl EngineHandle {
             cancel: cancel.clone(),
             stop: stop.clone(),
             arrived: Instant::now(),
-            _permit: permit,
+            permit: Some(permit),
         };
         self.metrics.requests_waiting.inc();
         if self.jobs.send(job).is_err() {
@@ -342,7 +342,7 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
     *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Ready;
     metrics.engine_alive.set(1);
     tracing::info!("engine ready");
-    while let Some(job) = jobs.blocking_recv() {
+    while let Some(mut job) = jobs.blocking_recv() {
         metrics.requests_waiting.dec();
         if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
             metrics.finished("cancelled");
@@ -350,6 +350,8 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
         }
         if job.spec.fault == Some(Fault::KillEngine) {
             guard.why = "killed by an injected fault (x_test_fault: kill_engine)".into();
+            // Dead before the client hears of it: its next /health must say so.
+            *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(guard.why.clone());
             let _ = job.events.send(Event::Failed("the engine was killed (x_test_fault: kill_engine)".into()));
             // Queued jobs are dropped with the receiver: their handlers see the channel close.
             return;
@@ -362,6 +364,9 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
         metrics.prompt_cache_bytes.set(g.cache_bytes as i64);
         metrics.prompt_cache_entries.set(g.cache_entries as i64);
         metrics.mlx_active_memory_bytes.set(g.active_memory as i64);
+        // Free the request's queue slot before its client hears it is done, so a client that
+        // sends its next request at once finds the slot free.
+        drop(job.permit.take());
         let _ = job.events.send(event);
     }
     guard.why = "the server is shutting down".into();

@@ -292,6 +292,17 @@ async fn health_and_metrics() {
     let r = client().get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap(), json!({"status": "ok"}));
+    // CORS: a browser's preflight is answered (any origin by default).
+    let r = client()
+        .request(reqwest::Method::OPTIONS, format!("{url}/v1/chat/completions"))
+        .header("Origin", "http://example.test")
+        .header("Access-Control-Request-Method", "POST")
+        .header("Access-Control-Request-Headers", "content-type, authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
     let (status, _) = post(url, "/v1/completions", json!({"prompt": "Hello", "max_tokens": 4})).await;
     assert_eq!(status, 200);
     let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
