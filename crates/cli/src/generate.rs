@@ -105,7 +105,18 @@ fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     } else {
         a.prompt.clone()
     };
-    if a.ignore_chat_template || tok.chat_template().is_none() {
+    if a.ignore_chat_template {
+        return Ok(tok.encode(&prompt, true)?);
+    }
+    if tok.chat_template().is_none() {
+        eprintln!(
+            "warning: {} has no chat template (chat_template.jinja, or `chat_template` in tokenizer_config.json): \
+             the prompt goes in as plain text (--ignore-chat-template says so and silences this)",
+            tok.origin().display()
+        );
+        if a.system_prompt.is_some() {
+            bail!("--system-prompt needs a chat template, and {} has none", tok.origin().display());
+        }
         return Ok(tok.encode(&prompt, true)?);
     }
     let mut msgs = Vec::new();
@@ -117,9 +128,43 @@ fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     Ok(tok.encode(&text, false)?)
 }
 
+/// Refuses a prompt longer than the model's trained context (`max_position_embeddings`);
+/// warns when the generation may run past it.
+fn check_context(prompt: usize, max_tokens: usize, context: Option<usize>) -> Result<()> {
+    let Some(context) = context else { return Ok(()) };
+    if prompt > context {
+        bail!(
+            "the prompt is {prompt} tokens, longer than the model's context of {context} \
+             (max_position_embeddings in config.json)"
+        );
+    }
+    if prompt + max_tokens > context {
+        eprintln!(
+            "warning: {prompt} prompt tokens + --max-tokens {max_tokens} run past the model's context of {context}; \
+             the output after token {} is extrapolation",
+            context - prompt
+        );
+    }
+    Ok(())
+}
+
+/// One warning for a compute dtype that is far slower than float32 on the CPU.
+fn warn_slow_dtype(dtype: &str) {
+    if mlx_core::backend() == mlx_core::Backend::Cpu && dtype != "float32" {
+        eprintln!(
+            "warning: --dtype {dtype} on the CPU runs about 100x slower than float32 (no fast f16/bf16 kernels \
+             there); drop --dtype to compute in float32"
+        );
+    }
+}
+
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let dtype = parse_dtype(&a.dtype)?;
     check_sampling(&a)?;
+    if a.max_tokens == 0 {
+        bail!("--max-tokens 0: nothing to generate (expected at least 1)");
+    }
+    warn_slow_dtype(&a.dtype);
     let drafting = DrafterSpec::from_args(&a.drafting.to_library())?;
     let dir = target_dir(a.model.as_deref())?;
     let load = LoadOptions { dtype, ..LoadOptions::default() };
@@ -132,6 +177,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         eprintln!("{warning}");
     }
     let ids = prompt_ids(&a, &tok)?;
+    check_context(ids.len(), a.max_tokens, model.config.max_position_embeddings)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
 

@@ -181,7 +181,9 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
 
 #[test]
 fn ignored_flag_combinations_are_errors() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
+        (&["--num-draft-tokens", "0"], "use --draft-kind none"),
+        (&["-m", "0"], "nothing to generate"),
         (&["--draft-kind", "ngram", "--draft-length", "fixed"], "--draft-length applies"),
         (&["--ngram-max", "2"], "--draft-kind ngram"),
         (&["--ngram-schedule", "constant"], "--draft-kind ngram"),
@@ -200,4 +202,34 @@ fn ignored_flag_combinations_are_errors() {
     let out = mlx_spec(&["--draft-kind", "ngram", "--ngram-min", "3", "--ngram-max", "2"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("expected 1 <= ngram-min <= ngram-max"), "{stderr}");
+}
+
+#[test]
+fn silent_surprises_are_said() {
+    let model = smollm2();
+    let dir = model.to_str().unwrap();
+    // A prompt longer than the model's context is refused.
+    let long = "word ".repeat(9000);
+    let out = mlx_spec(&["--model", dir, "--ignore-chat-template", "-p", &long, "-m", "1"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("longer than the model's context of 8192"), "{stderr}");
+    // A slow compute dtype on the CPU gets one warning.
+    let out = mlx_spec(&["--model", dir, "--ignore-chat-template", "-p", "Hi", "-m", "1", "--dtype", "float16"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.matches("about 100x slower").count() == 1, "{stderr}");
+    // A model directory without a chat template: the prompt goes in as text, with a warning.
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() != "tokenizer_config.json" {
+            std::os::unix::fs::symlink(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let other = tmp.path().to_str().unwrap();
+    let out = mlx_spec(&["--model", other, "-p", "Hi", "-m", "2", "--draft-kind", "none"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("has no chat template"), "{stderr}");
+    let out = mlx_spec(&["--model", other, "-p", "Hi", "-m", "2", "--system-prompt", "be brief"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--system-prompt needs a chat template"), "{stderr}");
 }

@@ -16,34 +16,14 @@ use models::{GenerateParams, LoadOptions, ModelCache, Sampler, Transformer, load
 use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter, NgramSpec, SuffixSpec};
 use spec::{Acceptance, DraftSnapshot, DraftSource, NoDrafts, SpecOptions};
 
-use crate::engine::{Backend, Finish, Gauges, JobSpec, Summary, Token, TokenLogprobs};
+use crate::engine::{Backend, Gauges, JobSpec, Summary, Token};
 use crate::prompt_cache::{Payload, PromptCache};
-
-/// The drafter kind a spec builds (`model` for draft models and DSpark drafters).
-pub fn kind_of(spec: &DrafterSpec) -> DraftKind {
-    match spec {
-        DrafterSpec::None => DraftKind::None,
-        DrafterSpec::Suffix(_) => DraftKind::Suffix,
-        DrafterSpec::Ngram(_) => DraftKind::Ngram,
-        DrafterSpec::Model { .. } | DrafterSpec::DSpark { .. } => DraftKind::Model,
-    }
-}
-
-/// The word a request uses for `kind`.
-pub fn kind_name(kind: DraftKind) -> &'static str {
-    match kind {
-        DraftKind::None => "none",
-        DraftKind::Suffix => "suffix",
-        DraftKind::Ngram => "ngram",
-        DraftKind::Model => "model",
-    }
-}
 
 /// The drafter kinds a server started with `drafting` offers per request: `none`, `suffix`,
 /// `ngram`, and `model` when `drafting` loads one.
 pub fn offered_kinds(drafting: &DrafterSpec) -> Vec<DraftKind> {
     let mut kinds = vec![DraftKind::None, DraftKind::Suffix, DraftKind::Ngram];
-    if kind_of(drafting) == DraftKind::Model {
+    if drafting.kind() == DraftKind::Model {
         kinds.push(DraftKind::Model);
     }
     kinds
@@ -102,7 +82,7 @@ impl SpecBackend {
         let dir: &Path = &spec.model_dir;
         let model = load_model(dir, &spec.load).with_context(|| format!("loading {}", dir.display()))?;
         let target = DraftTarget { dir, tokenizer, load: &spec.load };
-        let default_kind = kind_of(&drafting);
+        let default_kind = drafting.kind();
         let mut drafters = Vec::new();
         if let Some(d) = drafting.load(target)? {
             drafters.push((default_kind, d));
@@ -120,7 +100,7 @@ impl SpecBackend {
         for (kind, d) in &drafters {
             d.provider
                 .open(&model, &Sampler::default())
-                .with_context(|| format!("opening the {} drafter", kind_name(*kind)))?;
+                .with_context(|| format!("opening the {} drafter", kind.as_str()))?;
         }
         tracing::info!(model = %dir.display(), drafter = %drafting.describe(), "model loaded");
         Ok(SpecBackend {
@@ -153,7 +133,7 @@ impl Backend for SpecBackend {
             }
             None => (Box::new(NoDrafts), SpecOptions { num_draft_tokens: 0, acceptance: Acceptance::ExactMatch }),
         };
-        let key = kind_name(kind);
+        let key = kind.as_str();
         // The longest cached prefix this source can resume from (its own snapshot only from
         // an entry of its own kind).
         let hit = self.prompt_cache.lookup(&job.prompt, |e, reuse| {
@@ -177,18 +157,12 @@ impl Backend for SpecBackend {
             logprobs: job.logprobs,
         };
         let outcome = spec::run(&self.model, source.as_mut(), request, |e| {
-            let logprobs = e.logprobs.as_ref().map(|l| TokenLogprobs { logprob: l.logprob, top: l.top.clone() });
-            on_token(Token { id: e.token, logprobs })
+            on_token(Token { id: e.token, logprobs: e.logprobs.clone() })
         })?;
         drop(source);
         let stats = &outcome.stats;
         let summary = Summary {
-            finish: Some(match outcome.finish {
-                spec::Finish::Eos => Finish::Eos,
-                spec::Finish::MaxTokens => Finish::Length,
-                spec::Finish::Stopped => Finish::Stopped,
-                spec::Finish::Cancelled => Finish::Cancelled,
-            }),
+            finish: Some(outcome.finish),
             prompt_tokens: stats.prompt_tokens,
             cached_tokens: stats.cached_tokens,
             completion_tokens: stats.emitted,

@@ -32,6 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::Fault;
+pub use spec::{Finish, TokenLogprobs};
 
 /// One generation request as the engine runs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,15 +53,6 @@ pub struct JobSpec {
     pub fault: Option<Fault>,
 }
 
-/// A generated token's log-probabilities (under the target's raw distribution).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprobs {
-    /// The token's log-probability.
-    pub logprob: f32,
-    /// The most likely tokens, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
 /// One generated token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Token {
@@ -68,19 +60,6 @@ pub struct Token {
     pub id: u32,
     /// Its log-probabilities, when asked for.
     pub logprobs: Option<TokenLogprobs>,
-}
-
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// An EOS token (not emitted).
-    Eos,
-    /// `max_tokens` emitted.
-    Length,
-    /// The token callback said stop (the handler matched a stop string or went away).
-    Stopped,
-    /// The cancel flag was seen.
-    Cancelled,
 }
 
 /// What a finished request reports.
@@ -410,7 +389,7 @@ fn serve_one<B: Backend>(backend: &mut B, job: &Job, metrics: &Metrics) -> Event
             metrics.last_tau.set(summary.tau);
             let reason = match summary.finish {
                 Some(Finish::Eos | Finish::Stopped) => "stop",
-                Some(Finish::Length) => "length",
+                Some(Finish::MaxTokens) => "length",
                 Some(Finish::Cancelled) | None => "cancelled",
             };
             metrics.finished(reason);
@@ -463,7 +442,7 @@ pub(crate) mod tests {
                     return Ok(summary);
                 }
             }
-            summary.finish = Some(Finish::Length);
+            summary.finish = Some(Finish::MaxTokens);
             Ok(summary)
         }
     }
@@ -509,7 +488,7 @@ pub(crate) mod tests {
         let mut t = e.submit(job(10, 3)).unwrap();
         let (ids, last) = drain(&mut t);
         assert_eq!(ids, [11, 12, 13]);
-        assert!(matches!(last, Some(Event::Done(s)) if s.finish == Some(Finish::Length)));
+        assert!(matches!(last, Some(Event::Done(s)) if s.finish == Some(Finish::MaxTokens)));
         assert_eq!(e.health(), Health::Ready);
         let text = e.metrics().render();
         assert_eq!(crate::metrics::sample(&text, "mlx_spec:generation_tokens_total"), Some(3.0));

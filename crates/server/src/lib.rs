@@ -72,28 +72,16 @@ impl Server {
 }
 
 /// Loads the tokenizer of `dir`, with `template` (the template text) as its chat template
-/// when given: the tokenizer files are copied beside a `chat_template.jinja` holding it.
+/// when given (`--chat-template`).
 ///
 /// # Errors
-/// The tokenizer does not load, or the copy cannot be written.
+/// The tokenizer does not load.
 pub fn load_tokenizer(dir: &Path, template: Option<&str>) -> anyhow::Result<Tokenizer> {
-    let Some(template) = template else {
-        return Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()));
-    };
-    let tmp = tempfile::tempdir().context("a temporary directory for --chat-template")?;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let is_tokenizer_file = path.is_file()
-            && (name.ends_with(".json") || name.ends_with(".txt") || name.ends_with(".model"))
-            && !name.ends_with(".safetensors.index.json")
-            && name != "chat_template.json";
-        if is_tokenizer_file {
-            std::fs::copy(&path, tmp.path().join(&name)).with_context(|| format!("copying {}", path.display()))?;
-        }
-    }
-    std::fs::write(tmp.path().join("chat_template.jinja"), template).context("writing the chat template")?;
-    Tokenizer::from_dir(tmp.path()).context("loading the tokenizer with --chat-template")
+    let tok = Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+    Ok(match template {
+        Some(t) => tok.with_chat_template(t.to_string(), "--chat-template"),
+        None => tok,
+    })
 }
 
 /// Starts the server in the current tokio runtime: loads the tokenizer, starts the engine

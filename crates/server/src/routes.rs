@@ -34,7 +34,6 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
-use crate::backend::kind_name;
 use crate::config::{BODY_LIMIT, KEEP_ALIVE};
 use crate::engine::{EngineHandle, Event, Finish, Health, JobSpec, Summary, Ticket, Token};
 use crate::error::ApiError;
@@ -236,10 +235,10 @@ async fn generate(
     if let Some(kind) = req.draft_kind
         && !s.kinds.contains(&kind)
     {
-        let offered: Vec<&str> = s.kinds.iter().map(|&k| kind_name(k)).collect();
+        let offered: Vec<&str> = s.kinds.iter().map(|&k| k.as_str()).collect();
         return Err(ApiError::bad(
             "draft_kind",
-            format!("draft_kind `{}`: this server offers {}", kind_name(kind), offered.join(", ")),
+            format!("draft_kind `{}`: this server offers {}", kind.as_str(), offered.join(", ")),
         ));
     }
     // Never past the context: the answer then ends with finish_reason "length".
@@ -362,7 +361,7 @@ impl<'t> Assembly<'t> {
 
     fn finish_reason(&self, summary: &Summary) -> FinishReason {
         match summary.finish {
-            Some(Finish::Length) if !self.stop.stopped() => FinishReason::Length,
+            Some(Finish::MaxTokens) if !self.stop.stopped() => FinishReason::Length,
             _ => FinishReason::Stop,
         }
     }

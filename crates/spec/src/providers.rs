@@ -46,6 +46,19 @@ pub enum DraftKind {
     Ngram,
 }
 
+impl DraftKind {
+    /// The word that names the kind (`none`, `suffix`, `model`, `ngram`), as
+    /// [`str::parse`] reads it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftKind::None => "none",
+            DraftKind::Suffix => "suffix",
+            DraftKind::Model => "model",
+            DraftKind::Ngram => "ngram",
+        }
+    }
+}
+
 impl std::str::FromStr for DraftKind {
     type Err = String;
 
@@ -235,6 +248,17 @@ pub struct LoadedDrafter {
 }
 
 impl DrafterSpec {
+    /// The kind of drafter this spec builds (`model` for a draft model and a DSpark
+    /// drafter).
+    pub fn kind(&self) -> DraftKind {
+        match self {
+            DrafterSpec::None => DraftKind::None,
+            DrafterSpec::Suffix(_) => DraftKind::Suffix,
+            DrafterSpec::Ngram(_) => DraftKind::Ngram,
+            DrafterSpec::Model { .. } | DrafterSpec::DSpark { .. } => DraftKind::Model,
+        }
+    }
+
     /// Resolves command-line style options into one spec, refusing combinations that would
     /// silently be ignored. Runs before anything is loaded; reads only a drafter
     /// directory's `config.json` (to tell a DSpark checkpoint from a model).
@@ -269,6 +293,9 @@ impl DrafterSpec {
         }
         if kind.is_none() && a.num_draft_tokens.is_some() {
             return invalid("--num-draft-tokens needs a drafter: drop --draft-kind none".into());
+        }
+        if kind.is_some() && a.num_draft_tokens == Some(0) {
+            return invalid("--num-draft-tokens 0 drafts nothing: use --draft-kind none for plain decoding".into());
         }
         if kind != Some(DraftKind::Model) && a.confidence_threshold.is_some() {
             return invalid("--confidence-threshold applies to DSpark drafters (--draft-model DIR) only".into());

@@ -347,6 +347,15 @@ impl Tokenizer {
         self.chat.as_ref().map(|c| c.source.as_str())
     }
 
+    /// This tokenizer with `source` as its chat template instead of the model directory's
+    /// (mlx_lm.server's `--chat-template`); `origin` names it in error messages (the file it
+    /// came from, or a label such as `--chat-template`). A template that does not compile is
+    /// kept and reported when applied, as one from the model directory is.
+    pub fn with_chat_template(mut self, source: String, origin: impl Into<PathBuf>) -> Self {
+        self.chat = Some(chat::ChatTemplate::new(source, origin.into()));
+        self
+    }
+
     /// The model directory (or GGUF file) this tokenizer came from.
     pub fn origin(&self) -> &Path {
         &self.origin
