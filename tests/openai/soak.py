@@ -41,12 +41,13 @@ def mlx_active(samples):
 
 
 def finished_count(samples):
-    """Requests the server finished: the end-to-end latency histogram's count."""
-    for (n, labels), v in samples.items():
-        if n == "mlx_spec:e2e_request_latency_seconds_count" and not labels:
-            return v
-    vals = [v for (n, _), v in samples.items() if n == "mlx_spec:e2e_request_latency_seconds_count"]
-    return sum(vals) if vals else None
+    """Requests the server finished: mlx_spec:request_success_total over every finished_reason
+    (else the end-to-end latency histogram's count)."""
+    for name in ("mlx_spec:request_success_total", "mlx_spec:e2e_request_latency_seconds_count"):
+        vals = [v for (n, _), v in samples.items() if n == name]
+        if vals:
+            return sum(vals)
+    return None
 
 
 def request_body(i):
@@ -145,7 +146,7 @@ def _run(server, n, clients, log):
     if state["done"] != n or state["errors"]:
         problems.append(f"{n - state['done']} requests without their answer, {len(state['errors'])} errors")
     if report["server_finished"] is None:
-        problems.append("no mlx_spec:e2e_request_latency_seconds_count metric to count finished requests")
+        problems.append("no mlx_spec:request_success_total metric to count finished requests")
     elif report["server_finished"] != n:
         problems.append(f"the server finished {report['server_finished']} requests, {n} were sent")
     m = state["mark"]

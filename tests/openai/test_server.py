@@ -793,7 +793,9 @@ def test_the_fault_field_needs_the_flag(cold_server):
         json={"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "x_test_fault": "panic"},
         timeout=120,
     )
-    assert r.status_code in (200, 400), r.text
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == "x_test_fault"
     assert httpx.get(f"{cold_server.url}/health").status_code == 200
 
 
