@@ -100,6 +100,11 @@ class Server:
         raise AssertionError(f"/health stayed {last}, expected {code}\n{self.log_tail()}")
 
     def client(self, **kw):
+        """An openai client of this server (`max_retries=0`); the default one is shared."""
+        if not kw:
+            if getattr(self, "_client", None) is None:
+                self._client = self.client(api_key="unused")
+            return self._client
         kw.setdefault("api_key", "unused")
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 300)

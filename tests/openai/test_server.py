@@ -588,9 +588,14 @@ def test_byte_budget_holds_under_distinct_prompts(budget_server):
 
 
 def test_eight_clients_ten_requests_each(server):
-    # 12 request kinds: chat and completions, prompts of 5 to 60 tokens, 2 to 8 tokens out,
+    # 12 request kinds: chat and completions, prompts of 5 to 40 tokens, 2 to 8 tokens out,
     # plain / suffix / n-gram, streamed and not; each client walks through them in its order
-    prompts = [("chat", GROUNDED), ("chat", FREE), ("text", "The capital of France is"), ("text", "1, 2, 3, 4,")]
+    prompts = [
+        ("chat", FREE),
+        ("text", "The capital of France is"),
+        ("text", "1, 2, 3, 4,"),
+        ("text", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"),
+    ]
     bodies = [PLAIN, drafting("suffix"), drafting("ngram")]
     specs = [(*prompts[i % 4], [2, 4, 8][i % 3], bodies[i % 3]) for i in range(12)]
 
