@@ -273,6 +273,21 @@ def test_completions_streaming_and_not(server):
     assert streamed == text
 
 
+def test_extension_and_unknown_fields_are_accepted(server):
+    doc, _ = chat_raw(
+        server,
+        FREE,
+        2,
+        top_p=0.9,
+        seed=3,
+        user="someone",
+        store=False,
+        metadata={"k": "v"},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}, "top_k": 20, "min_p": 0.05, "x_unknown": 1},
+    )
+    assert doc["usage"]["completion_tokens"] > 0
+
+
 def test_max_completion_tokens_wins(server):
     doc, _ = chat_raw(server, GROUNDED, 20, max_completion_tokens=3)
     assert doc["usage"]["completion_tokens"] == 3 and doc["choices"][0]["finish_reason"] == "length"
@@ -736,7 +751,9 @@ def test_disconnect_in_prefill_stops_the_work(server):
 
 def test_disconnect_while_queued(server):
     # a long request holds the engine; a second one queued behind it is dropped by its client
-    long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 120, "temperature": 0, **PLAIN}
+    # and must never run: the generated tokens grow by the first one's only
+    long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 60, "temperature": 0, **PLAIN}
+    before = server.metrics()
     done = {}
 
     def first():
@@ -753,6 +770,9 @@ def test_disconnect_while_queued(server):
     assert done["r"].status_code == 200
     wait_metric(server, "mlx_spec:num_requests_running", 0, 5)
     wait_metric(server, "mlx_spec:num_requests_waiting", 0, 5)
+    after = server.metrics()
+    generated = metric(after, "mlx_spec:generation_tokens_total") - metric(before, "mlx_spec:generation_tokens_total")
+    assert generated == done["r"].json()["usage"]["completion_tokens"], "the abandoned queued request ran"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,8 +822,20 @@ def test_the_fault_field_needs_the_flag(cold_server):
 
 
 def test_max_queue_one_with_three_parallel_requests():
-    s = Server(["--served-model-name", SERVED, "--max-queue", "1"])
+    s = Server(["--served-model-name", SERVED, "--max-queue", "1"], wait_healthy=False)
     try:
+        # /health: 503 (OpenAI-shaped) while the model loads, then 200
+        seen = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{s.url}/health", timeout=10)
+            seen.append(r.status_code)
+            if r.status_code == 503:
+                validate(r.json(), "ErrorResponse")
+            if r.status_code == 200:
+                break
+            time.sleep(0.02)
+        assert seen[-1] == 200 and set(seen) <= {200, 503}, seen
         body = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 60, "temperature": 0, **PLAIN}
         out = [None] * 3
 
