@@ -4,7 +4,7 @@ Passes when every request got its own answer (200, a response id seen once, the 
 text and prompt token count as every other request with its prompt: nothing lost, duplicated
 or crossed), the server's finished-request count grew by exactly N, and the server's RSS
 (/proc/PID/status) and MLX active memory (/metrics) at the end are within 5% of their level
-after the first 100 requests (or after the first tenth, for fewer than 1000 requests).
+after the first 100 requests (the first third, for fewer than 300).
 
     python tests/openai/soak.py --requests 10000 [--clients 4] [--out report.json]
 
@@ -71,7 +71,7 @@ def run(n, clients=4, server_args=(), log=print):
 
 
 def _run(server, n, clients, log):
-    mark = 100 if n >= 1000 else max(n // 10, 1)
+    mark = min(100, max(n // 3, 1))
     lock = threading.Lock()
     state = {"next": 0, "done": 0, "errors": [], "ids": {}, "answers": {}, "mark": None}
 
