@@ -71,7 +71,7 @@ class Proc:
 
         threading.Thread(target=read, daemon=True).start()
 
-    def wait_ready(self, url=None, path="/v1/models", timeout=600):
+    def wait_ready(self, url=None, path="/health", timeout=300):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -220,7 +220,7 @@ def main():
         base = Proc(
             [sys.executable, "-m", "mlx_lm.server", "--model", a.model, "--port", str(port), "--host", "127.0.0.1"],
             env=env,
-        ).wait_ready(url=f"http://127.0.0.1:{port}")
+        ).wait_ready(url=f"http://127.0.0.1:{port}", path="/health")
         servers.append(base)
         arms.append({"name": "mlx_lm plain", "url": base.url, "model": a.model, "extra": {}})
     try:
