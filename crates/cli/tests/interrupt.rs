@@ -1,6 +1,7 @@
 //! SIGINT / SIGTERM while `mlx-spec quantize` or `mlx-spec import-gguf` writes its output:
 //! the process exits with 128 + the signal and leaves neither the destination, nor its
-//! staging directory, nor the parent directories it created.
+//! staging directory, nor the parent directories it created. SIGKILL leaves the staging
+//! directory (nothing can run), and the next run to the same destination removes it.
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,12 +43,17 @@ fn mlx_spec(args: &[&str]) -> Child {
 /// A synthetic model directory of 32 eligible f32 matrices (256 MiB), enough for the
 /// quantizer to take a moment.
 fn big_model(dir: &Path) {
+    model_of(dir, 32);
+}
+
+/// A synthetic model directory of `n` eligible 8 MiB f32 matrices.
+fn model_of(dir: &Path, n: usize) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), r#"{"model_type": "synthetic"}"#).unwrap();
     let values: Vec<f32> = (0..1024u64 * 2048).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
     let m = Array::from_slice(&values, &[1024, 2048]).unwrap();
     assert_eq!(m.dtype(), Dtype::Float32);
-    let names: Vec<String> = (0..32).map(|i| format!("layers.{i}.proj.weight")).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("layers.{i}.proj.weight")).collect();
     mlx_core::io::save_safetensors(dir.join("model.safetensors"), names.iter().map(|n| (n.as_str(), &m)), []).unwrap();
 }
 
@@ -82,4 +88,22 @@ fn import_gguf_interrupted_by_sigterm_leaves_nothing() {
     let code = interrupt_when_staging(mlx_spec(&args), &parent, ".out.importing-", "TERM");
     assert_eq!(code, Some(143));
     assert_eq!(entries(tmp.path()), Vec::<String>::new(), "no destination, staging or created parent remains");
+}
+
+#[test]
+fn quantize_killed_with_sigkill_leaves_staging_that_the_next_run_removes() {
+    let src = tempfile::tempdir().unwrap();
+    model_of(src.path(), 8);
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("out");
+    let args = ["quantize", "--hf-path", src.path().to_str().unwrap(), "--mlx-path", dst.to_str().unwrap()];
+    let code = interrupt_when_staging(mlx_spec(&args), tmp.path(), ".out.quantizing-", "KILL");
+    assert_eq!(code, None, "killed by a signal");
+    let left = entries(tmp.path());
+    assert!(!left.contains(&"out".to_string()), "no destination after SIGKILL: {left:?}");
+    assert!(left.iter().any(|n| n.starts_with(".out.quantizing-")), "SIGKILL leaves the staging: {left:?}");
+    // The next run completes and removes the dead run's staging directory.
+    let status = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(args).stderr(Stdio::null()).status().unwrap();
+    assert!(status.success());
+    assert_eq!(entries(tmp.path()), ["out"], "only the destination remains");
 }

@@ -65,6 +65,9 @@ pub struct Drafter {
 /// The per-request drafter state: for every draft layer, the K (after `k_norm` and RoPE)
 /// and V of the context rows ingested so far, `[1, nkv, len, hd]` each. Block rows never
 /// persist. `len` is the drafter's `start`: the absolute position of the next anchor.
+/// Cloning shares the arrays (a later write to either copy allocates anew), which is how a
+/// prompt cache keeps a context for a later request.
+#[derive(Clone)]
 pub struct DraftContext {
     layers: Vec<KvCache>,
     len: usize,
@@ -79,6 +82,16 @@ impl DraftContext {
     /// Whether no context has been ingested.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Keeps the first `len` context rows (no-op when `len >= self.len()`), for a request
+    /// that shares only that prefix with the one that filled the context.
+    pub fn truncate(&mut self, len: usize) {
+        let drop = self.len.saturating_sub(len);
+        for layer in &mut self.layers {
+            layer.trim(drop);
+        }
+        self.len -= drop;
     }
 
     /// The cached K and V of draft layer `layer`, `[1, nkv, len, hd]` each (K after
@@ -165,7 +178,7 @@ impl Drafter {
         let (h, nh, nkv, hd, eps) = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let gemma = c.architecture == Architecture::Gemma4;
         let bias = c.attention_bias;
-        let mut layers = Vec::with_capacity(c.num_layers);
+        let mut layers = Vec::new(); // the count is untrusted until the weights hold its layers
         for i in 0..c.num_layers {
             let mut p = w.pp(format_args!("layers.{i}"));
             let mut a = p.pp("self_attn");
@@ -210,7 +223,19 @@ impl Drafter {
         }
         let (v, r) = (c.vocab_size, c.markov_rank);
         let embed = w.embedding("embed_tokens", v, h)?;
-        let fc = w.linear("fc", h, c.feature_width(), false)?;
+        let fc = w.linear("fc", h, c.feature_width(), false).map_err(|e| match e {
+            models::Error::Weight { path, name, message } => models::Error::Weight {
+                path,
+                name,
+                message: format!(
+                    "{message} (config.json: its input is the {} tapped layers of target_layer_ids {:?} \
+                     x hidden_size {h})",
+                    c.target_layer_ids.len(),
+                    c.target_layer_ids
+                ),
+            },
+            e => e,
+        })?;
         let hidden_norm = w.norm("hidden_norm", h, eps)?;
         let norm = w.norm("norm", h, eps)?;
         let lm_head = w.linear("lm_head", v, h, false)?;

@@ -331,3 +331,15 @@ fn policy_keeps_only_the_confidence_head_dense() {
         assert!(quantize_predicate(b), "{b}");
     }
 }
+
+#[test]
+fn wrong_target_layer_and_hidden_sizes_are_named_as_config_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    variant_of("qwen3", dir.path(), |c| c["target_layer_ids"] = serde_json::json!([0, 2]), |_| {});
+    let msg = load_err(dir.path()).to_string();
+    assert!(msg.contains("target_layer_ids") && !msg.contains("group_size must be"), "{msg}");
+    let dir = tempfile::tempdir().unwrap();
+    variant_of("qwen3", dir.path(), |c| c["hidden_size"] = serde_json::json!(56), |_| {});
+    let msg = load_err(dir.path()).to_string();
+    assert!(msg.contains("from config.json's sizes") && !msg.contains("group_size must be"), "{msg}");
+}

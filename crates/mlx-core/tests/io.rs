@@ -169,3 +169,44 @@ fn save_into_missing_directory_names_the_target_and_the_os_reason() {
     assert!(msg.contains("is not a directory"), "{msg}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing left behind");
 }
+
+/// A safetensors file with `header` (JSON) and `data_len` zero bytes of data.
+fn raw_safetensors(dir: &std::path::Path, header: serde_json::Value, data_len: usize) -> std::path::PathBuf {
+    let path = dir.join("raw.safetensors");
+    let h = header.to_string().into_bytes();
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(h);
+    bytes.extend(std::iter::repeat_n(0u8, data_len));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn safetensors_headers_are_checked_before_mlx_trusts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        // Two tensors over the same bytes.
+        (
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}
+            }),
+            24,
+            "overlap",
+        ),
+        // A dimension of 2^32 + 576, which a 32-bit reader sees as 576.
+        (
+            serde_json::json!({"a": {"dtype": "U8", "shape": [4_294_967_872u64], "data_offsets": [0, 576]}}),
+            576,
+            "needs 4294967872",
+        ),
+        // Offsets past the end of the file.
+        (serde_json::json!({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}), 16, "past the end"),
+        (serde_json::json!(["not", "an", "object"]), 0, "not a safetensors JSON object"),
+    ];
+    for (header, data_len, want) in cases {
+        let path = raw_safetensors(dir.path(), header, data_len);
+        let msg = load_safetensors(&path).unwrap_err().to_string();
+        assert!(msg.contains(want) && msg.contains("raw.safetensors"), "{want}: {msg}");
+    }
+}

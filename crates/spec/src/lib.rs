@@ -7,7 +7,10 @@
 //! - [`DraftProvider`] / [`DraftSource`]: the seam between decoding and drafting
 //!   ([`source`] documents the per-round protocol and the re-feed rule).
 //! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
-//!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling).
+//!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling);
+//!   [`run`] is the same executor for a server's requests ([`Request`]: a prompt-cache
+//!   prefix and the drafter's [`DraftSnapshot`], cancellation, logprobs; [`Outcome`]: the
+//!   trimmed cache to keep).
 //! - [`providers`]: the one drafter factory, [`providers::DrafterSpec`] (none, n-gram,
 //!   draft model, DSpark) parsed from flags or a word, defaults in one place, built into a
 //!   [`DraftProvider`].
@@ -55,8 +58,9 @@ pub mod two_model;
 
 pub use error::{Error, Result};
 pub use executor::{
-    Closing, SpecOptions, WalkEnd, WalkOutcome, accept_walk, speculative_generate, speculative_generate_with_cache,
+    Closing, Emitted, Finish, Outcome, Request, SpecOptions, TokenLogprobs, WalkEnd, WalkOutcome, accept_walk, run,
+    speculative_generate, speculative_generate_with_cache,
 };
 pub use rejection::Acceptance;
-pub use source::{DraftProvider, DraftSource};
+pub use source::{DraftProvider, DraftSnapshot, DraftSource, NoDrafts};
 pub use stats::SpecStats;

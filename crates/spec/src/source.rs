@@ -106,6 +106,77 @@ pub trait DraftSource {
     /// Drafter rollback failures; [`crate::Error::Contract`] when `drafted` is not the length
     /// of the last draft or `accepted > drafted`.
     fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> Result<()>;
+
+    /// The state worth keeping for a later request whose tokens start with this request's
+    /// first `tokens` tokens of `prompt ++ emitted` (a prompt-cache entry, see
+    /// [`crate::run`]), called once after the request ended. Returns how many of those tokens
+    /// the snapshot covers (at most `tokens`: the prompt cache keeps the target's state for
+    /// as many) and the snapshot. `None` (the default) means the source needs nothing but
+    /// the token ids, which the prompt cache keeps anyway.
+    ///
+    /// # Errors
+    /// Failures copying the state.
+    fn snapshot(&mut self, tokens: usize) -> Result<Option<(usize, DraftSnapshot)>> {
+        let _ = tokens;
+        Ok(None)
+    }
+
+    /// Whether [`DraftSource::resume`] can start a request whose first `cached` prompt tokens
+    /// the target cache already holds, given the snapshot an earlier request left (`None`:
+    /// none). The default: always for a source without tap layers (it re-reads the ids);
+    /// a source drafting from the target's hidden states needs its own snapshot.
+    fn can_resume(&self, cached: usize, snapshot: Option<&DraftSnapshot>) -> bool {
+        let _ = snapshot;
+        cached == 0 || self.tap_layers().is_empty()
+    }
+
+    /// [`DraftSource::prefill`] for a request whose first `cached` prompt tokens the target
+    /// cache already held (a prompt-cache hit): `snapshot` is what an earlier request's
+    /// [`DraftSource::snapshot`] returned for at least `cached` tokens, and `taps` covers
+    /// only the newly prefilled positions `prompt[cached..n-1]`. Called only when
+    /// [`DraftSource::can_resume`] said yes. The default re-reads the whole prompt with
+    /// `prefill(prompt, taps)` (right for sources without tap layers, which get no taps).
+    ///
+    /// # Errors
+    /// As [`DraftSource::prefill`].
+    fn resume(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        snapshot: Option<DraftSnapshot>,
+        taps: Option<&[Array]>,
+    ) -> Result<()> {
+        let _ = (cached, snapshot);
+        self.prefill(prompt, taps)
+    }
+}
+
+/// A draft source's state over a prefix of tokens, kept by a prompt cache beside the
+/// target's KV cache ([`DraftSource::snapshot`]) and handed back to a source of the same
+/// kind ([`DraftSource::resume`]), which downcasts it. Opaque to everyone else.
+pub type DraftSnapshot = Box<dyn std::any::Any>;
+
+/// A source that never drafts: every round is a plain decoding step (what a request with
+/// no drafter, or `num_draft_tokens` 0, runs through [`crate::run`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoDrafts;
+
+impl DraftSource for NoDrafts {
+    fn name(&self) -> &str {
+        "none"
+    }
+
+    fn prefill(&mut self, _prompt: &[u32], _taps: Option<&[Array]>) -> Result<()> {
+        Ok(())
+    }
+
+    fn draft(&mut self, _feed: &[u32], _n: usize, _step: usize) -> Result<Vec<u32>> {
+        Ok(Vec::new())
+    }
+
+    fn commit(&mut self, _drafted: usize, _accepted: usize, _taps: Option<&[Array]>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Test support: drives `src` through the executor's protocol over `prompt` for `rounds` of

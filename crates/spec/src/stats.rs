@@ -32,6 +32,10 @@
 pub struct SpecStats {
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Prompt tokens the target cache already held when the request started (a prompt-cache
+    /// hit, [`crate::Request::cache`]); the prefill ran over the other
+    /// `prompt_tokens - cached_tokens`.
+    pub cached_tokens: usize,
     /// The requested maximum drafts per round.
     pub num_draft_tokens: usize,
     /// `Some(r)` when the target cache's exact-rollback reach `r`

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Context;
 use crate::policy::{AcceptanceModel, CostCurve, CostModel, Origin, SurvivalKey};
-use crate::{DraftProvider, DraftSource, Error, Result};
+use crate::{DraftProvider, DraftSnapshot, DraftSource, Error, Result};
 
 /// Default drafts per round for a draft model (mlx_lm's CLI default).
 pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
@@ -303,19 +303,15 @@ impl<'a> TwoModelSource<'a> {
     }
 }
 
-impl DraftSource for TwoModelSource<'_> {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn prefill(&mut self, prompt: &[u32], _taps: Option<&[Array]>) -> Result<()> {
+impl TwoModelSource<'_> {
+    /// Starts a request on `cache`, which holds the draft model's state for a prefix of
+    /// `prompt[..n-1]` (nothing, or a prompt-cache snapshot): runs the rest of it.
+    fn start_on(&mut self, cache: ModelCache, prompt: &[u32]) -> Result<()> {
         let Some((_, head)) = prompt.split_last() else {
             return Err(Error::Invalid("an empty prompt".into()));
         };
-        if self.cache.offset() != 0 {
-            self.cache = self.model.make_cache();
-        }
-        for chunk in head.chunks(PREFILL_CHUNK) {
+        self.cache = cache;
+        for chunk in head[self.cache.offset()..].chunks(PREFILL_CHUNK) {
             let what = || format!("draft model `{}` prefill of {} tokens", self.name, chunk.len());
             self.model.prefill(&ids(chunk).context(what)?, &mut self.cache).context(what)?;
         }
@@ -326,6 +322,47 @@ impl DraftSource for TwoModelSource<'_> {
         self.last_logits.clear();
         self.fed_drafts = 0;
         Ok(())
+    }
+}
+
+impl DraftSource for TwoModelSource<'_> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prefill(&mut self, prompt: &[u32], _taps: Option<&[Array]>) -> Result<()> {
+        // An empty cache (the one `with_cache` set) is used as it is.
+        let cache = match self.cache.offset() {
+            0 => std::mem::replace(&mut self.cache, ModelCache { layers: Vec::new() }),
+            _ => self.model.make_cache(),
+        };
+        self.start_on(cache, prompt)
+    }
+
+    /// The draft model's cache for the first `min(tokens, tokens it ran)` committed tokens
+    /// (a copy sharing the arrays, [`ModelCache::prefix`]); `None` when it cannot be copied.
+    fn snapshot(&mut self, tokens: usize) -> Result<Option<(usize, DraftSnapshot)>> {
+        let covered = tokens.min(self.committed.len() - self.unfed.len());
+        Ok(self.cache.prefix(covered).map(|cache| (covered, Box::new(cache) as DraftSnapshot)))
+    }
+
+    /// Restores the draft model's cache from the snapshot (cut to `cached` tokens) and runs
+    /// only the new prompt tokens; without a usable snapshot, a full prefill.
+    fn resume(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        snapshot: Option<DraftSnapshot>,
+        taps: Option<&[Array]>,
+    ) -> Result<()> {
+        let restored = snapshot
+            .and_then(|s| s.downcast::<ModelCache>().ok())
+            .filter(|c| c.layers.len() == self.model.num_layers() && c.offset() >= cached)
+            .and_then(|c| c.prefix(cached));
+        match restored {
+            Some(cache) => self.start_on(cache, prompt),
+            None => self.prefill(prompt, taps),
+        }
     }
 
     fn draft(&mut self, feed: &[u32], n: usize, step: usize) -> Result<Vec<u32>> {

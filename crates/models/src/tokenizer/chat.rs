@@ -19,6 +19,12 @@ use crate::Result;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// The work limit of one rendering, in minijinja fuel (about one unit per template
+/// instruction): a model directory is untrusted input, and a template whose loops never end
+/// (or nest past any real use) stops with an error instead of hanging `generate` or a
+/// server's handler. Real templates spend a few hundred units per message.
+pub const RENDER_FUEL: u64 = 20_000_000;
+
 /// A compiled chat template and where it came from.
 pub(crate) struct ChatTemplate {
     pub(crate) source: String,
@@ -69,8 +75,16 @@ impl ChatTemplate {
             }
         }
         let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| tok_err(&self.origin, describe(&e)))?;
-        tmpl.render(Value::from_iter(ctx))
-            .map_err(|e| tok_err(&self.origin, format!("chat template: {}", describe(&e))))
+        tmpl.render(Value::from_iter(ctx)).map_err(|e| {
+            let message = match e.kind() {
+                ErrorKind::OutOfFuel => format!(
+                    "chat template: rendering ran past its work limit of {RENDER_FUEL} instructions \
+                     (a loop that never ends, or loops nested too deep)"
+                ),
+                _ => format!("chat template: {}", describe(&e)),
+            };
+            tok_err(&self.origin, message)
+        })
     }
 }
 
@@ -95,6 +109,7 @@ pub(crate) fn environment() -> Environment<'static> {
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.set_formatter(python_formatter);
+    env.set_fuel(Some(RENDER_FUEL));
     env
 }
 

@@ -1,0 +1,99 @@
+//! `mlx-spec serve`: the OpenAI-compatible server of the `server` crate, with `generate`'s
+//! model and drafting flags and mlx_lm.server's names for the rest.
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use server::ServeConfig;
+
+use crate::drafting::{DraftingArgs, target_dir};
+use crate::parse_dtype;
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    /// Model directory (mlx-lm layout). Default: SmolLM2-135M-Instruct from PyPI.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind (0: any free port; the listening line names it).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Compute dtype: `float32`, `float16`, `bfloat16` or `stored`, as for `generate`.
+    #[arg(long, default_value = "float32")]
+    dtype: String,
+    #[command(flatten)]
+    drafting: DraftingArgs,
+    /// `max_tokens` of requests that give none.
+    #[arg(long, short = 'm', default_value_t = server::config::DEFAULT_MAX_TOKENS)]
+    max_tokens: usize,
+    /// A chat template replacing the model's: the template text, or a file holding it.
+    #[arg(long)]
+    chat_template: Option<String>,
+    /// Extra chat template variables for every request, a JSON object (for example
+    /// '{"enable_thinking": false}'); a request's `chat_template_kwargs` win.
+    #[arg(long, default_value = "{}")]
+    chat_template_args: String,
+    /// Prompt-cache entries (0: no prompt cache).
+    #[arg(long, default_value_t = server::config::DEFAULT_PROMPT_CACHE_SIZE)]
+    prompt_cache_size: usize,
+    /// Prompt-cache byte budget [default: a quarter of the machine's memory].
+    #[arg(long)]
+    prompt_cache_bytes: Option<usize>,
+    /// CORS origins, comma-separated (`*`: any).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    allowed_origins: Vec<String>,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing filter such as
+    /// `server=debug`) [default: MLX_SPEC_LOG's].
+    #[arg(long)]
+    pub(crate) log_level: Option<String>,
+    /// The model's name in requests and responses [default: the model directory's name].
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Requests that may wait while one runs; more are answered 503 with Retry-After.
+    #[arg(long, default_value_t = server::config::DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
+    /// Accept the `x_test_fault` request field (tests only).
+    #[arg(long, hide = true)]
+    test_faults: bool,
+}
+
+pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
+    let dtype = parse_dtype(&a.dtype)?;
+    let drafting = a.drafting.to_library();
+    // Refuse bad drafting flags before a model is fetched.
+    spec::providers::DrafterSpec::from_args(&drafting)?;
+    let chat_template_args = match serde_json::from_str::<serde_json::Value>(&a.chat_template_args) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => bail!("--chat-template-args {}: expected a JSON object", a.chat_template_args),
+    };
+    let chat_template = match a.chat_template {
+        Some(t) if std::path::Path::new(&t).is_file() => {
+            Some(std::fs::read_to_string(&t).with_context(|| format!("reading --chat-template {t}"))?)
+        }
+        other => other,
+    };
+    let model_dir = target_dir(a.model.as_deref())?;
+    let config = ServeConfig {
+        host: a.host,
+        port: a.port,
+        load: models::LoadOptions { dtype, ..models::LoadOptions::default() },
+        drafting,
+        max_tokens: a.max_tokens,
+        chat_template,
+        chat_template_args,
+        prompt_cache_size: a.prompt_cache_size,
+        prompt_cache_bytes: a.prompt_cache_bytes,
+        allowed_origins: a.allowed_origins,
+        served_model_name: a.served_model_name,
+        api_key: a.api_key,
+        max_queue: a.max_queue,
+        test_faults: a.test_faults,
+        ..ServeConfig::new(model_dir)
+    };
+    server::run(config)
+}
