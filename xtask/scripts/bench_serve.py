@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+WARMUP_TIMEOUT_S = 120
 
 
 def prompts():
@@ -96,7 +97,7 @@ class Proc:
                 self.proc.kill()
 
 
-def one_request(url, model, prompt, max_tokens, extra):
+def one_request(url, model, prompt, max_tokens, extra, timeout=600):
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -110,7 +111,7 @@ def one_request(url, model, prompt, max_tokens, extra):
     first = last = None
     pieces = 0
     usage = None
-    with httpx.Client(timeout=600) as h, h.stream("POST", url + "/v1/chat/completions", json=body) as r:
+    with httpx.Client(timeout=timeout) as h, h.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}: {r.status_code} {r.read()[:300]!r}")
         for line in r.iter_lines():
@@ -224,8 +225,12 @@ def main():
         servers.append(base)
         arms.append({"name": "mlx_lm plain", "url": base.url, "model": a.model, "extra": {}})
     try:
-        for arm in arms:  # warm-up: not counted
-            one_request(arm["url"], arm["model"], "Hello", 8, arm["extra"])
+        for arm in list(arms):  # warm-up: not counted; an arm that cannot answer is dropped
+            try:
+                one_request(arm["url"], arm["model"], "Hello", 8, arm["extra"], timeout=WARMUP_TIMEOUT_S)
+            except (httpx.HTTPError, RuntimeError) as e:
+                print(f"{arm['name']}: no answer to the warm-up request ({e!r}); arm dropped", file=sys.stderr)
+                arms.remove(arm)
         raw = {(arm["name"], c): [] for arm in arms for c in a.clients}
         for r in range(a.rounds):
             order = arms if r % 2 == 0 else list(reversed(arms))
