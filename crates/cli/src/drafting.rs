@@ -111,4 +111,3 @@ pub(crate) fn target_dir(model: Option<&Path>) -> Result<PathBuf> {
     bar.finish_and_clear();
     Ok(dir)
 }
-

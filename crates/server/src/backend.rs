@@ -8,15 +8,16 @@
 //! plainly, as does `num_draft_tokens: 0`).
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use models::tokenizer::Tokenizer;
-use models::{GenerateParams, LoadOptions, Transformer, load_model};
+use models::{GenerateParams, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter, NgramSpec, SuffixSpec};
-use spec::{Acceptance, SpecOptions};
+use spec::{Acceptance, DraftSnapshot, DraftSource, NoDrafts, SpecOptions};
 
-use crate::engine::{Backend, Finish, Gauges, JobSpec, Summary, Token};
+use crate::engine::{Backend, Finish, Gauges, JobSpec, Summary, Token, TokenLogprobs};
+use crate::prompt_cache::{Payload, PromptCache};
 
 /// The drafter kind a spec builds (`model` for draft models and DSpark drafters).
 pub fn kind_of(spec: &DrafterSpec) -> DraftKind {
@@ -57,20 +58,42 @@ pub struct LoadSpec {
     pub load: LoadOptions,
     /// The server's drafter (checked by [`DrafterSpec::from_args`] before loading).
     pub drafting: DrafterArgs,
+    /// Prompt-cache entries (0: no prompt cache).
+    pub prompt_cache_size: usize,
+    /// Prompt-cache byte budget.
+    pub prompt_cache_bytes: usize,
 }
 
-/// The target, its drafters and the request defaults; lives on the engine thread.
+/// A prompt-cache entry's payload: the target's KV state and the drafter's snapshot.
+pub struct CachedState {
+    /// The target cache holding the entry's tokens.
+    pub cache: ModelCache,
+    /// The drafter's snapshot (taken by the first request that resumes from it).
+    pub draft_state: Option<DraftSnapshot>,
+    nbytes: usize,
+}
+
+impl Payload for CachedState {
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+}
+
+/// The target, its drafters, the prompt cache and the request defaults; lives on the engine
+/// thread.
 pub struct SpecBackend {
     model: Transformer,
     eos: Vec<u32>,
     default_kind: DraftKind,
     acceptance: Acceptance,
     drafters: Vec<(DraftKind, LoadedDrafter)>,
+    prompt_cache: PromptCache<CachedState>,
 }
 
 impl SpecBackend {
     /// Loads the target of `spec.model_dir` and the drafters (the configured one, and the
-    /// model-free ones besides it).
+    /// model-free ones besides it), and opens each drafter once (the suffix drafter reads or
+    /// measures the target's cost curve then, not on the first request).
     ///
     /// # Errors
     /// Invalid drafting options, or weights that do not load.
@@ -94,6 +117,11 @@ impl SpecBackend {
                 drafters.push((kind, d));
             }
         }
+        for (kind, d) in &drafters {
+            d.provider
+                .open(&model, &Sampler::default())
+                .with_context(|| format!("opening the {} drafter", kind_name(*kind)))?;
+        }
         tracing::info!(model = %dir.display(), drafter = %drafting.describe(), "model loaded");
         Ok(SpecBackend {
             model,
@@ -101,6 +129,7 @@ impl SpecBackend {
             default_kind,
             acceptance: spec.drafting.acceptance,
             drafters,
+            prompt_cache: PromptCache::new(spec.prompt_cache_size, spec.prompt_cache_bytes),
         })
     }
 }
@@ -113,61 +142,81 @@ impl Backend for SpecBackend {
         on_token: &mut dyn FnMut(Token) -> bool,
     ) -> anyhow::Result<Summary> {
         let params = GenerateParams { max_tokens: job.max_tokens, sampler: job.sampler.clone(), eos: self.eos.clone() };
-        let kind = job.draft_kind.unwrap_or(self.default_kind);
-        let mut stopped = false;
-        let mut emit = |id: u32| {
-            if cancel.load(Ordering::Relaxed) || !on_token(Token { id, logprobs: None }) {
-                stopped = true;
-                return false;
-            }
-            true
-        };
+        let kind =
+            if job.num_draft_tokens == Some(0) { DraftKind::None } else { job.draft_kind.unwrap_or(self.default_kind) };
         let drafter = self.drafters.iter().find(|(k, _)| *k == kind).map(|(_, d)| d);
-        let mut summary = Summary { prompt_tokens: job.prompt.len(), ..Summary::default() };
-        let eos = match drafter {
-            Some(d) if job.num_draft_tokens != Some(0) => {
+        let (mut source, options): (Box<dyn DraftSource + '_>, _) = match drafter {
+            Some(d) => {
                 let acceptance = if kind == self.default_kind { self.acceptance } else { Acceptance::ExactMatch };
-                let options = SpecOptions { num_draft_tokens: job.num_draft_tokens.unwrap_or(d.num_draft_tokens), acceptance };
-                let mut source = d.provider.open(&self.model, &params.sampler)?;
-                let stats = spec::speculative_generate(&self.model, source.as_mut(), &job.prompt, &params, options, &mut emit)?;
-                summary.completion_tokens = stats.emitted;
-                summary.rounds = stats.rounds;
-                summary.draft_rounds = stats.rounds - stats.empty_rounds;
-                summary.drafted = stats.drafted;
-                summary.accepted = stats.accepted;
-                summary.accepted_by_pos = stats.accepted_by_pos.clone();
-                summary.tau = stats.tau;
-                summary.prefill_ms = stats.prefill_ms;
-                summary.decode_ms = stats.decode_ms;
-                summary.fell_back = stats.fallback_at.is_some();
-                stats.stopped_on_eos
+                let n = job.num_draft_tokens.unwrap_or(d.num_draft_tokens);
+                (d.provider.open(&self.model, &params.sampler)?, SpecOptions { num_draft_tokens: n, acceptance })
             }
-            _ => {
-                let stats = models::generate(&self.model, &job.prompt, &params, &mut emit)?;
-                summary.completion_tokens = stats.generation_tokens;
-                summary.rounds = stats.generation_tokens;
-                summary.tau = if stats.generation_tokens > 0 { 1.0 } else { 0.0 };
-                summary.prefill_ms =
-                    if stats.prompt_tps > 0.0 { stats.prompt_tokens as f64 / stats.prompt_tps * 1e3 } else { 0.0 };
-                summary.decode_ms = if stats.generation_tps > 0.0 {
-                    stats.generation_tokens as f64 / stats.generation_tps * 1e3
-                } else {
-                    0.0
-                };
-                stats.stopped_on_eos
-            }
+            None => (Box::new(NoDrafts), SpecOptions { num_draft_tokens: 0, acceptance: Acceptance::ExactMatch }),
         };
-        summary.finish = Some(if eos {
-            Finish::Eos
-        } else if stopped {
-            if cancel.load(Ordering::Relaxed) { Finish::Cancelled } else { Finish::Stopped }
-        } else {
-            Finish::Length
+        let key = kind_name(kind);
+        // The longest cached prefix this source can resume from (its own snapshot only from
+        // an entry of its own kind).
+        let hit = self.prompt_cache.lookup(&job.prompt, |e, reuse| {
+            let snapshot = if e.kind == key { e.payload.draft_state.as_ref() } else { None };
+            source.can_resume(reuse, snapshot)
         });
+        let (cache, draft_state) = match hit.and_then(|h| Some((h.entry.payload.cache.prefix(h.reuse)?, h))) {
+            Some((cache, h)) => {
+                let snapshot = if h.entry.kind == key { h.entry.payload.draft_state.take() } else { None };
+                (cache, snapshot)
+            }
+            None => (self.model.make_cache(), None),
+        };
+        let request = spec::Request {
+            prompt: &job.prompt,
+            params: &params,
+            options,
+            cache,
+            draft_state,
+            cancel: Some(cancel),
+            logprobs: job.logprobs,
+        };
+        let outcome = spec::run(&self.model, source.as_mut(), request, |e| {
+            let logprobs = e.logprobs.as_ref().map(|l| TokenLogprobs { logprob: l.logprob, top: l.top.clone() });
+            on_token(Token { id: e.token, logprobs })
+        })?;
+        drop(source);
+        let stats = &outcome.stats;
+        let summary = Summary {
+            finish: Some(match outcome.finish {
+                spec::Finish::Eos => Finish::Eos,
+                spec::Finish::MaxTokens => Finish::Length,
+                spec::Finish::Stopped => Finish::Stopped,
+                spec::Finish::Cancelled => Finish::Cancelled,
+            }),
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.cached_tokens,
+            completion_tokens: stats.emitted,
+            rounds: stats.rounds,
+            draft_rounds: stats.rounds - stats.empty_rounds,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+            accepted_by_pos: stats.accepted_by_pos.clone(),
+            tau: stats.tau,
+            prefill_ms: stats.prefill_ms,
+            decode_ms: stats.decode_ms,
+            fell_back: stats.fallback_at.is_some(),
+        };
+        if let Some(cache) = outcome.cache
+            && !outcome.cached_tokens.is_empty()
+        {
+            let nbytes = cache.nbytes();
+            let state = CachedState { cache, draft_state: outcome.draft_state, nbytes };
+            self.prompt_cache.insert(outcome.cached_tokens, key, state);
+        }
         Ok(summary)
     }
 
     fn gauges(&self) -> Gauges {
-        Gauges { active_memory: mlx_core::memory::active(), ..Gauges::default() }
+        Gauges {
+            cache_bytes: self.prompt_cache.bytes(),
+            cache_entries: self.prompt_cache.len(),
+            active_memory: mlx_core::memory::active(),
+        }
     }
 }

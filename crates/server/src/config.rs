@@ -26,7 +26,8 @@ pub struct ServeConfig {
     pub port: u16,
     /// The target's model directory.
     pub model_dir: PathBuf,
-    /// How the target (and drafter weights) load (`--dtype`).
+    /// How the target (and drafter weights) load (`--dtype`; float32 by default, as for
+    /// `generate`: the fast choice on the CPU backend).
     pub load: LoadOptions,
     /// The server's drafter, as `generate`'s flags give it.
     pub drafting: DrafterArgs,
@@ -61,7 +62,7 @@ impl ServeConfig {
             host: "127.0.0.1".into(),
             port: 8080,
             model_dir,
-            load: LoadOptions::default(),
+            load: LoadOptions { dtype: Some(mlx_core::Dtype::Float32), ..LoadOptions::default() },
             drafting: DrafterArgs::default(),
             max_tokens: DEFAULT_MAX_TOKENS,
             chat_template: None,

@@ -172,19 +172,30 @@ struct Job {
     spec: JobSpec,
     events: mpsc::UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
     arrived: Instant,
     /// Held until the engine is done with the job: admission counts waiting + running.
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
-/// Sets a request's cancel flag when dropped (the client went away) or when told.
+/// Sets a request's cancel flag when dropped (the client went away); [`CancelOnDrop::stop`]
+/// ends it early on purpose (a stop string matched).
 #[derive(Debug)]
-pub struct CancelOnDrop(Arc<AtomicBool>);
+pub struct CancelOnDrop {
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
 
 impl CancelOnDrop {
-    /// Cancels now (a stop string matched: nothing more is wanted).
+    /// Nothing more is wanted (a stop string matched): the engine stops at the next token
+    /// ([`Finish::Stopped`]) and still reports the request's `Done`.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Cancels now, as dropping does ([`Finish::Cancelled`]).
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.cancel.store(true, Ordering::Relaxed);
     }
 }
 
@@ -232,6 +243,7 @@ impl Drop for DeadOnExit {
         *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(why);
         self.metrics.engine_alive.set(0);
         self.metrics.requests_running.set(0);
+        self.metrics.requests_waiting.set(0);
     }
 }
 
@@ -290,13 +302,21 @@ impl EngineHandle {
         };
         let (events_tx, events) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let job = Job { spec, events: events_tx, cancel: cancel.clone(), arrived: Instant::now(), _permit: permit };
+        let stop = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            spec,
+            events: events_tx,
+            cancel: cancel.clone(),
+            stop: stop.clone(),
+            arrived: Instant::now(),
+            permit: Some(permit),
+        };
         self.metrics.requests_waiting.inc();
         if self.jobs.send(job).is_err() {
             self.metrics.requests_waiting.dec();
             return Err(ApiError::Unavailable("the engine is not running".into()));
         }
-        Ok(Ticket { events, cancel: CancelOnDrop(cancel) })
+        Ok(Ticket { events, cancel: CancelOnDrop { cancel, stop } })
     }
 }
 
@@ -322,7 +342,7 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
     *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Ready;
     metrics.engine_alive.set(1);
     tracing::info!("engine ready");
-    while let Some(job) = jobs.blocking_recv() {
+    while let Some(mut job) = jobs.blocking_recv() {
         metrics.requests_waiting.dec();
         if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
             metrics.finished("cancelled");
@@ -330,6 +350,8 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
         }
         if job.spec.fault == Some(Fault::KillEngine) {
             guard.why = "killed by an injected fault (x_test_fault: kill_engine)".into();
+            // Dead before the client hears of it: its next /health must say so.
+            *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(guard.why.clone());
             let _ = job.events.send(Event::Failed("the engine was killed (x_test_fault: kill_engine)".into()));
             // Queued jobs are dropped with the receiver: their handlers see the channel close.
             return;
@@ -342,6 +364,9 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
         metrics.prompt_cache_bytes.set(g.cache_bytes as i64);
         metrics.prompt_cache_entries.set(g.cache_entries as i64);
         metrics.mlx_active_memory_bytes.set(g.active_memory as i64);
+        // Free the request's queue slot before its client hears it is done, so a client that
+        // sends its next request at once finds the slot free.
+        drop(job.permit.take());
         let _ = job.events.send(event);
     }
     guard.why = "the server is shutting down".into();
@@ -351,7 +376,7 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
 fn serve_one<B: Backend>(backend: &mut B, job: &Job, metrics: &Metrics) -> Event {
     let mut last: Option<Instant> = None;
     let mut on_token = |t: Token| {
-        if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+        if job.cancel.load(Ordering::Relaxed) || job.stop.load(Ordering::Relaxed) || job.events.is_closed() {
             return false;
         }
         let now = Instant::now();
@@ -529,6 +554,23 @@ pub(crate) mod tests {
         let mut t = e.submit(job(5, 1)).unwrap();
         assert_eq!(drain(&mut t).0, [6]);
         wait_for(|| crate::metrics::sample(&e.metrics().render(), "mlx_spec:num_requests_running") == Some(0.0));
+    }
+
+    #[test]
+    fn requests_wait_while_the_model_loads() {
+        let e = EngineHandle::start(
+            || {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(Counting { pause: Duration::ZERO })
+            },
+            4,
+            Arc::default(),
+        )
+        .unwrap();
+        assert_eq!(e.health(), Health::Loading);
+        let mut t = e.submit(job(1, 2)).unwrap();
+        assert_eq!(drain(&mut t).0, [2, 3]);
+        assert_eq!(e.health(), Health::Ready);
     }
 
     #[test]

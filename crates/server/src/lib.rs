@@ -111,7 +111,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
     );
     let context = models::ModelConfig::from_dir(&config.model_dir).ok().and_then(|c| c.max_position_embeddings);
     let metrics = Arc::new(Metrics::new());
-    let load = LoadSpec { model_dir: config.model_dir.clone(), load: config.load.clone(), drafting: config.drafting.clone() };
+    let load = LoadSpec {
+        model_dir: config.model_dir.clone(),
+        load: config.load.clone(),
+        drafting: config.drafting.clone(),
+        prompt_cache_size: config.prompt_cache_size,
+        prompt_cache_bytes: config.cache_bytes(),
+    };
     let tok = tokenizer.clone();
     let engine = EngineHandle::start(move || SpecBackend::load(&load, &tok), config.max_queue, metrics)
         .context("starting the engine thread")?;

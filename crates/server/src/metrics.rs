@@ -116,7 +116,11 @@ impl Metrics {
         r.register(p("request_rejected"), "Requests refused with 503: queue full", m.requests_rejected.clone());
         r.register(p("prompt_tokens"), "Prompt tokens (cached ones included)", m.prompt_tokens.clone());
         r.register(p("generation_tokens"), "Generated tokens", m.generation_tokens.clone());
-        r.register(p("prompt_tokens_cached"), "Prompt tokens served from the prompt cache", m.prompt_tokens_cached.clone());
+        r.register(
+            p("prompt_tokens_cached"),
+            "Prompt tokens served from the prompt cache",
+            m.prompt_tokens_cached.clone(),
+        );
         r.register(p("prefix_cache_queries"), "Prompt-cache queries, in tokens", m.prefix_cache_queries.clone());
         r.register(p("prefix_cache_hits"), "Prompt-cache hits, in tokens", m.prefix_cache_hits.clone());
         r.register(p("prompt_cache_bytes"), "Bytes held by the prompt cache", m.prompt_cache_bytes.clone());
@@ -138,7 +142,11 @@ impl Metrics {
             "Draft tokens accepted by position in the block",
             m.spec_decode_num_accepted_tokens_per_pos.clone(),
         );
-        r.register(p("spec_decode_fallbacks"), "Requests that fell back to plain decoding", m.spec_decode_fallbacks.clone());
+        r.register(
+            p("spec_decode_fallbacks"),
+            "Requests that fell back to plain decoding",
+            m.spec_decode_fallbacks.clone(),
+        );
         r.register(p("engine_alive"), "1 while the engine thread runs with the model loaded", m.engine_alive.clone());
         r.register(p("last_request_tau"), "Mean acceptance length of the last request", m.last_tau.clone());
         m

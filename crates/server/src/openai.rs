@@ -485,7 +485,9 @@ pub struct Timings {
     pub cache_n: usize,
     /// Prefill wall time, milliseconds.
     pub prompt_ms: f64,
-    /// Tokens generated.
+    /// Tokens the engine generated (as `mlx_spec:generation_tokens_total` counts them; with
+    /// a stop string this can exceed `usage.completion_tokens`, which stops at the token that
+    /// completed it).
     pub predicted_n: usize,
     /// Decode wall time, milliseconds.
     pub predicted_ms: f64,
@@ -613,7 +615,10 @@ mod tests {
             (r#"{"messages":[{"role":"user","content":"hi"}],"temperature":-0.5}"#, Some("temperature")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"top_p":0}"#, Some("top_p")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"min_p":2}"#, Some("min_p")),
-            (r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":21,"logprobs":true}"#, Some("top_logprobs")),
+            (
+                r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":21,"logprobs":true}"#,
+                Some("top_logprobs"),
+            ),
             (r#"{"messages":[{"role":"user","content":"hi"}],"stop":["a",""]}"#, Some("stop")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"n":2}"#, Some("n")),
             (r#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-4"}"#, Some("model")),

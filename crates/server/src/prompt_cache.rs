@@ -40,8 +40,8 @@ pub struct Entry<P> {
 /// A lookup's result: the entry and how many of its leading tokens the new prompt reuses.
 #[derive(Debug)]
 pub struct Hit<'a, P> {
-    /// The entry (still in the cache; copy what you need from it).
-    pub entry: &'a Entry<P>,
+    /// The entry (still in the cache; copy or take what you need from it).
+    pub entry: &'a mut Entry<P>,
     /// Tokens reused: `1..=min(entry.tokens.len(), prompt.len() - 1)`.
     pub reuse: usize,
 }
@@ -89,7 +89,7 @@ impl<P: Payload> PromptCache<P> {
         let (i, reuse) = best?;
         self.clock += 1;
         self.entries[i].last_used = self.clock;
-        Some(Hit { entry: &self.entries[i], reuse })
+        Some(Hit { entry: &mut self.entries[i], reuse })
     }
 
     /// Stores `payload` for `tokens`. Entries of the same `kind` whose tokens are a prefix of

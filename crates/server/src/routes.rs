@@ -242,9 +242,11 @@ async fn generate(
             format!("draft_kind `{}`: this server offers {}", kind_name(kind), offered.join(", ")),
         ));
     }
+    // Never past the context: the answer then ends with finish_reason "length".
+    let max_tokens = s.context.map_or(req.max_tokens, |ctx| req.max_tokens.min(ctx - prompt.len()));
     let job = JobSpec {
         prompt,
-        max_tokens: req.max_tokens,
+        max_tokens,
         sampler: req.sampler.clone(),
         num_draft_tokens: req.num_draft_tokens,
         draft_kind: req.draft_kind,
@@ -252,7 +254,8 @@ async fn generate(
         fault: req.fault,
     };
     let ticket = s.engine.submit(job)?;
-    let reply = Reply { id: new_id(endpoint), created: unix_now(), model: s.limits.served_model_name.clone(), endpoint };
+    let reply =
+        Reply { id: new_id(endpoint), created: unix_now(), model: s.limits.served_model_name.clone(), endpoint };
     if req.stream { Ok(stream(s, req, ticket, reply)) } else { collect(s, req, ticket, reply).await }
 }
 
@@ -314,7 +317,13 @@ struct Assembly<'t> {
 
 impl<'t> Assembly<'t> {
     fn new(tokenizer: &'t Tokenizer, stops: Vec<String>, logprobs: bool) -> Self {
-        Assembly { tokenizer, decoder: tokenizer.stream_decoder(true), stop: StopMatcher::new(stops), tokens: 0, logprobs }
+        Assembly {
+            tokenizer,
+            decoder: tokenizer.stream_decoder(true),
+            stop: StopMatcher::new(stops),
+            tokens: 0,
+            logprobs,
+        }
     }
 
     /// The text `t` releases, its log-probabilities, and whether a stop string matched.
@@ -368,7 +377,9 @@ impl<'t> Assembly<'t> {
             prompt_n: summary.prompt_tokens - summary.cached_tokens,
             cache_n: summary.cached_tokens,
             prompt_ms: summary.prefill_ms,
-            predicted_n: self.tokens,
+            // What the engine generated (the metrics count the same): with a stop string, a
+            // round can run past the token that completed it.
+            predicted_n: summary.completion_tokens,
             predicted_ms: summary.decode_ms,
             draft_n: summary.drafted,
             draft_n_accepted: summary.accepted,
@@ -394,7 +405,7 @@ async fn collect(s: Arc<AppState>, req: GenRequest, mut ticket: Ticket, reply: R
                 text.push_str(&piece);
                 logprobs.extend(lp);
                 if stopped {
-                    ticket.cancel.cancel();
+                    ticket.cancel.stop();
                 }
             }
             Some(Event::Done(summary)) => break summary,
@@ -430,13 +441,20 @@ fn stream(s: Arc<AppState>, req: GenRequest, ticket: Ticket, reply: Reply) -> Re
         let _ = pump(&s, &req, ticket, &reply, &tx).await;
     });
     let body = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    let mut response = Sse::new(body).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();
+    let mut response =
+        Sse::new(body).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
 /// Sends one request's SSE events into `tx`; `Err(())` when the client is gone.
-async fn pump(s: &AppState, req: &GenRequest, mut ticket: Ticket, reply: &Reply, tx: &mpsc::Sender<SseEvent>) -> Result<(), ()> {
+async fn pump(
+    s: &AppState,
+    req: &GenRequest,
+    mut ticket: Ticket,
+    reply: &Reply,
+    tx: &mpsc::Sender<SseEvent>,
+) -> Result<(), ()> {
     let send = |v: Value| async move { tx.send(data(&v)).await.map_err(|_| ()) };
     let usage_null = req.include_usage;
     if reply.endpoint == Endpoint::Chat {
@@ -455,7 +473,7 @@ async fn pump(s: &AppState, req: &GenRequest, mut ticket: Ticket, reply: &Reply,
                     Err(e) => break Err(e),
                 };
                 if stopped {
-                    ticket.cancel.cancel();
+                    ticket.cancel.stop();
                 }
                 if !piece.is_empty() || lp.is_some() {
                     let lps = lp.map_or(Value::Null, |lp| reply.logprobs(&[lp], offset));

@@ -42,22 +42,41 @@ impl StopMatcher {
             return Released { text: String::new(), stopped: true };
         }
         self.held.push_str(text);
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first {
-            self.stopped = true;
-            let mut text = std::mem::take(&mut self.held);
-            text.truncate(at);
-            return Released { text, stopped: true };
+        // Where a stop string might still start (it runs past the end of the text so far).
+        let partial = self.held.len() - self.partial_suffix();
+        match self.first_match() {
+            // A complete match with no possible earlier one: the text ends there.
+            Some(at) if at <= partial => {
+                self.stopped = true;
+                let mut text = std::mem::take(&mut self.held);
+                text.truncate(at);
+                Released { text, stopped: true }
+            }
+            // No match yet, or one that a longer stop starting earlier may still beat: release
+            // what lies before any possible start.
+            _ => {
+                let rest = self.held.split_off(partial);
+                Released { text: std::mem::replace(&mut self.held, rest), stopped: false }
+            }
         }
-        let keep = self.partial_suffix();
-        let release = self.held.len() - keep;
-        let rest = self.held.split_off(release);
-        Released { text: std::mem::replace(&mut self.held, rest), stopped: false }
     }
 
-    /// The end of the stream: releases what is held (no stop string can complete any more).
+    /// The end of the stream: releases what is held, cut before the first complete stop
+    /// string in it (one that an unfinished longer stop had held back).
     pub fn finish(&mut self) -> String {
-        if self.stopped { String::new() } else { std::mem::take(&mut self.held) }
+        if self.stopped {
+            return String::new();
+        }
+        if let Some(at) = self.first_match() {
+            self.stopped = true;
+            self.held.truncate(at);
+        }
+        std::mem::take(&mut self.held)
+    }
+
+    /// The start of the earliest complete stop string in `held`.
+    fn first_match(&self) -> Option<usize> {
+        self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min()
     }
 
     /// Whether a stop string has matched.
@@ -105,7 +124,7 @@ mod tests {
             }
         }
         out.push_str(&m.finish());
-        (out, false)
+        (out, m.stopped())
     }
 
     /// Cuts `text` at the char indices `cuts` (sorted, deduplicated, clamped).
@@ -136,6 +155,11 @@ mod tests {
         // The earliest stop wins, whichever is listed first.
         let stops = vec!["cd".to_string(), "b".to_string()];
         assert_eq!(run(&["abcd".into()], &stops), ("a".into(), true));
+        // A complete stop does not end the text while a longer one that starts earlier may
+        // still complete.
+        let stops = vec!["\né\n".to_string(), "é".to_string()];
+        assert_eq!(run(&["a\né".into(), "\n".into()], &stops), ("a".into(), true));
+        assert_eq!(run(&["a\né".into(), "x".into()], &stops), ("a\n".into(), true));
         // Multi-byte characters are never split.
         let stops = vec!["é!".to_string()];
         assert_eq!(run(&["caféx".into(), "é".into(), "!".into()], &stops), ("caféx".into(), true));

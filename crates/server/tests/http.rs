@@ -157,7 +157,8 @@ async fn chat_and_completions_stream_and_not() {
 async fn drafting_is_lossless_through_http() {
     let url = shared();
     let run = |extra: Value| async move {
-        let (status, v) = post(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40}).merge(extra))).await;
+        let (status, v) =
+            post(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40}).merge(extra))).await;
         assert_eq!(status, 200, "{v}");
         (v["choices"][0]["message"]["content"].as_str().unwrap().to_string(), v["timings"].clone())
     };
@@ -167,11 +168,21 @@ async fn drafting_is_lossless_through_http() {
         let (text, _) = run(extra.clone()).await;
         assert_eq!(text, plain, "{extra}");
     }
+    // Seeded sampling: exact acceptance gives the plain tokens for the same seed.
+    let sampled = json!({"temperature": 0.9, "top_p": 0.95, "seed": 11});
+    let (plain_sampled, _) = run(sampled.clone().merge(json!({"num_draft_tokens": 0}))).await;
+    for kind in ["ngram", "suffix"] {
+        let (text, _) = run(sampled.clone().merge(json!({"draft_kind": kind}))).await;
+        assert_eq!(text, plain_sampled, "sampled, {kind}");
+    }
     let (_, t) = run(json!({"draft_kind": "ngram"})).await;
     assert!(t["draft_n"].as_u64().unwrap() > 0, "n-gram drafting drafted nothing on a repetitive prompt: {t}");
-    let events =
-        sse(url, "/v1/chat/completions", chat_body(REPEAT, json!({"max_tokens": 40, "stream": true, "draft_kind": "ngram"})))
-            .await;
+    let events = sse(
+        url,
+        "/v1/chat/completions",
+        chat_body(REPEAT, json!({"max_tokens": 40, "stream": true, "draft_kind": "ngram"})),
+    )
+    .await;
     assert_eq!(stream_text(&events).0, plain);
 }
 
@@ -259,7 +270,8 @@ async fn client_mistakes_are_openai_shaped_400s() {
 async fn an_injected_error_or_panic_fails_one_request_only() {
     let url = shared();
     for fault in ["error", "panic"] {
-        let (status, v) = post(url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2, "x_test_fault": fault})).await;
+        let (status, v) =
+            post(url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2, "x_test_fault": fault})).await;
         assert_eq!(status, 500, "{v}");
         assert_eq!(v["error"]["type"], "server_error");
         let r = client().get(format!("{url}/health")).send().await.unwrap();
@@ -280,6 +292,17 @@ async fn health_and_metrics() {
     let r = client().get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap(), json!({"status": "ok"}));
+    // CORS: a browser's preflight is answered (any origin by default).
+    let r = client()
+        .request(reqwest::Method::OPTIONS, format!("{url}/v1/chat/completions"))
+        .header("Origin", "http://example.test")
+        .header("Access-Control-Request-Method", "POST")
+        .header("Access-Control-Request-Headers", "content-type, authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
     let (status, _) = post(url, "/v1/completions", json!({"prompt": "Hello", "max_tokens": 4})).await;
     assert_eq!(status, 200);
     let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -365,8 +388,11 @@ async fn raw_request(url: &str, path: &str, body: &Value, read: usize) -> tokio:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_request() {
     let url = spawn(config());
-    let long = chat_body("Write a very long story about a dragon.", json!({"max_tokens": 4000, "stream": true,
-                                                                          "num_draft_tokens": 0}));
+    let long = chat_body(
+        "Write a very long story about a dragon.",
+        json!({"max_tokens": 4000, "stream": true,
+                                                                          "num_draft_tokens": 0}),
+    );
     // Streaming, in decode: read some chunks, then close the connection.
     let socket = raw_request(&url, "/v1/chat/completions", &long, 1000).await;
     assert_eq!(running(&url).await, 1.0);
@@ -425,4 +451,64 @@ async fn a_dead_engine_turns_health_503_and_fails_requests() {
     let (status, v) = post(&url, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).await;
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["error"]["type"], "unavailable_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_turn_reuses_the_first_turns_prefix() {
+    let url = spawn(config());
+    let first = chat_body(REPEAT, json!({"max_tokens": 24}));
+    let (status, v) = post(&url, "/v1/chat/completions", first).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let reply = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let second = json!({"messages": [
+        {"role": "user", "content": REPEAT},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Again, please."},
+    ], "max_tokens": 24});
+    let (status, warm) = post(&url, "/v1/chat/completions", second.clone()).await;
+    assert_eq!(status, 200, "{warm}");
+    let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 10, "cached_tokens {cached}: {warm}");
+    assert_eq!(warm["timings"]["cache_n"].as_u64(), Some(cached));
+    // A cold run of the same conversation (no prompt cache) gives the same text.
+    let cold_url = spawn(ServeConfig { prompt_cache_size: 0, ..config() });
+    let (status, cold) = post(&cold_url, "/v1/chat/completions", second).await;
+    assert_eq!(status, 200, "{cold}");
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(cold["choices"][0]["message"]["content"], warm["choices"][0]["message"]["content"]);
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(sample(&text, "mlx_spec:prefix_cache_hits_total").unwrap() >= cached as f64);
+    assert!(sample(&text, "mlx_spec:prompt_cache_bytes").unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_per_token() {
+    let url = shared();
+    let body = chat_body("Say hello.", json!({"max_tokens": 6, "logprobs": true, "top_logprobs": 2}));
+    let (status, v) = post(url, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for entry in content {
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], entry["token"]);
+    }
+    let (status, v) =
+        post(url, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 4, "logprobs": 1})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn a_chat_template_flag_replaces_the_models_template() {
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+    let tok = server::load_tokenizer(&model_dir(), Some(template)).unwrap();
+    let text = tok.apply_chat_template(&[models::tokenizer::ChatMessage::user("hi")], true).unwrap();
+    assert_eq!(text, "<user>hi");
+    let plain = server::load_tokenizer(&model_dir(), None).unwrap();
+    assert_eq!(plain.encode("hello there", false).unwrap(), tok.encode("hello there", false).unwrap());
 }
