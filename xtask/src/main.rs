@@ -14,6 +14,9 @@
 //!   Qwen2.5-Coder-0.5B-Instruct (`crates/models/tests/qwen2_coder.rs`). The tests fetch on their
 //!   own too; this does it ahead of time (CI caches, offline work) and prints progress.
 //! - `bench-quantize`: time and peak RSS of `mlx-spec quantize` vs `mlx_lm.convert -q`.
+//! - `serve-test`: `mlx-spec serve` through real HTTP, the Python suite of tests/openai
+//!   (`cargo xtask test` runs it after the Rust tests); `soak --requests N`: the soak;
+//!   `bench serve`: `mlx-spec serve` vs `mlx_lm.server` (see [`serve`]).
 //! - `cross-test aarch64`: the workspace cross-built for 64-bit ARM Linux, and a chosen set of
 //!   its tests run under qemu user-mode emulation (see [`cross`]).
 use std::path::{Path, PathBuf};
@@ -26,6 +29,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_quantize;
 mod cross;
+mod serve;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -92,6 +96,10 @@ enum BenchWhich {
     /// and free-form prompts, side by side in one run, and mlx-lm's plain and
     /// `--draft-model` decoding on the same prompts when `--python` is given.
     Spec(BenchSpecArgs),
+    /// `mlx-spec serve` vs `mlx_lm.server` through HTTP: time to first token, inter-token
+    /// latency and aggregate tokens/s at 1 and 4 clients, plain and speculative, arms
+    /// interleaved; writes serve-bench.json and serve-bench.md to docs/measurements/<date>/.
+    Serve(serve::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -210,6 +218,10 @@ enum Cmd {
         /// 4-bit SmolLM2 target): hours on 2 cores.
         #[arg(long)]
         full: bool,
+        /// Skip the Python suite of `mlx-spec serve` (`cargo xtask serve-test`) after the
+        /// Rust tests.
+        #[arg(long)]
+        no_serve: bool,
         /// Extra arguments passed to `cargo test` (e.g. a test name filter after `--`).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
@@ -240,6 +252,12 @@ enum Cmd {
     /// of mlx-core, models, spec and drafter plus the CPU kernel tests against MLX under
     /// qemu user-mode emulation.
     CrossTest(cross::Args),
+    /// `mlx-spec serve` through real HTTP: the Python suite of tests/openai (official `openai`
+    /// client, httpx, OpenAI schema checks, a soak slice) in a venv under target/.
+    ServeTest(serve::TestArgs),
+    /// N short requests to one `mlx-spec serve` over keep-alive connections: nothing lost or
+    /// duplicated, RSS and MLX active memory back within 5% of their level after the first 100.
+    Soak(serve::SoakArgs),
     /// The parser fuzz suite (crates/test-support/tests/fuzz.rs) at length: release mode,
     /// `--cases` inputs per parser (safetensors, GGUF, target and drafter config.json,
     /// tokenizer.json, chat templates, the quantization block) from a fresh seed it prints
@@ -256,7 +274,16 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Test { full, args } => test(full, &args),
+        Cmd::Test { full, no_serve, args } => {
+            test(full, &args)?;
+            if no_serve {
+                return Ok(());
+            }
+            serve::test(&root(), cargo, &serve::TestArgs::default())
+        }
+        Cmd::ServeTest(args) => serve::test(&root(), cargo, &args),
+        Cmd::Soak(args) => serve::soak(&root(), cargo, &args),
+        Cmd::Bench { which: Some(BenchWhich::Serve(args)), .. } => serve::bench(&root(), cargo, &args),
         Cmd::Ab(args) => ab(args),
         Cmd::QuantizeDrafter(a) => {
             let mut c = cargo();

@@ -542,7 +542,7 @@ pub fn chat_logprobs(entries: &[TokenLogprob]) -> Value {
             v
         })
         .collect();
-    json!({"content": content})
+    json!({"content": content, "refusal": null})
 }
 
 /// Completions' legacy `logprobs` object: `{"tokens", "token_logprobs", "top_logprobs",

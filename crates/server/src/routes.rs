@@ -417,7 +417,7 @@ async fn collect(s: Arc<AppState>, req: GenRequest, mut ticket: Ticket, reply: R
     let finish = asm.finish_reason(&summary).as_str();
     let lp = if req.logprobs.is_some() { reply.logprobs(&logprobs, 0) } else { Value::Null };
     let choice = match reply.endpoint {
-        Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+        Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
                                  "logprobs": lp, "finish_reason": finish}),
         Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}),
     };
