@@ -210,11 +210,14 @@ fn silent_surprises_are_said() {
     let dir = model.to_str().unwrap();
     // A prompt longer than the model's context is refused.
     let long = "word ".repeat(9000);
-    let out = mlx_spec(&["--model", dir, "--ignore-chat-template", "-p", &long, "-m", "1"], &[]);
+    let out =
+        mlx_spec(&["--model", dir, "--ignore-chat-template", "-p", &long, "-m", "1", "--draft-kind", "none"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("longer than the model's context of 8192"), "{stderr}");
     // A slow compute dtype on the CPU gets one warning.
-    let out = mlx_spec(&["--model", dir, "--ignore-chat-template", "-p", "Hi", "-m", "1", "--dtype", "float16"], &[]);
+    let args =
+        ["--model", dir, "--ignore-chat-template", "-p", "Hi", "-m", "1", "--dtype", "float16", "--draft-kind", "none"];
+    let out = mlx_spec(&args, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stderr.matches("about 100x slower").count() == 1, "{stderr}");
     // A model directory without a chat template: the prompt goes in as text, with a warning.

@@ -14,8 +14,10 @@ pub const DEFAULT_PROMPT_CACHE_SIZE: usize = 10;
 pub const DEFAULT_MAX_QUEUE: usize = 64;
 /// The largest request body accepted, bytes (long prompts).
 pub const BODY_LIMIT: usize = 64 << 20;
-/// How often an idle SSE stream gets a `:` comment (keep-alive).
-pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// How often an idle SSE stream gets a `:` comment (keep-alive). Short, because a write is
+/// how the server learns that a streaming client went away during a long prefill (nothing
+/// else is written then): the cancel then reaches the engine before its next prefill chunk.
+pub const KEEP_ALIVE: Duration = Duration::from_millis(500);
 
 /// Everything `mlx-spec serve` needs, resolved (the model directory exists).
 #[derive(Debug, Clone)]
