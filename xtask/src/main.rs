@@ -17,6 +17,8 @@
 //! - `serve-test`: `mlx-spec serve` through real HTTP, the Python suite of tests/openai
 //!   (`cargo xtask test` runs it after the Rust tests); `soak --requests N`: the soak;
 //!   `bench serve`: `mlx-spec serve` vs `mlx_lm.server` (see [`serve`]).
+//! - `fuzz`, `soak-lossless`: the parser fuzz suite and the lossless soak at length (release
+//!   mode, many cases, a fresh seed).
 //! - `cross-test aarch64`: the workspace cross-built for 64-bit ARM Linux, and a chosen set of
 //!   its tests run under qemu user-mode emulation (see [`cross`]).
 use std::path::{Path, PathBuf};
@@ -258,6 +260,18 @@ enum Cmd {
     /// N short requests to one `mlx-spec serve` over keep-alive connections: nothing lost or
     /// duplicated, RSS and MLX active memory back within 5% of their level after the first 100.
     Soak(serve::SoakArgs),
+    /// The lossless soak (crates/spec/tests/soak.rs) at length: release mode, `--cases`
+    /// random requests (prompt, drafter, draft length, temperature, filters, seed) on the
+    /// tiny models, a DSpark pair and SmolLM2, each compared with plain decoding, from a
+    /// fresh seed it prints (`PROPTEST_RNG_SEED` to replay one).
+    SoakLossless {
+        /// Random requests.
+        #[arg(long, default_value_t = 2_000)]
+        cases: u64,
+        /// The seed (default: the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// The parser fuzz suite (crates/test-support/tests/fuzz.rs) at length: release mode,
     /// `--cases` inputs per parser (safetensors, GGUF, target and drafter config.json,
     /// tokenizer.json, chat templates, the quantization block) from a fresh seed it prints
@@ -305,17 +319,20 @@ fn main() -> Result<()> {
         Cmd::BenchDecode(args) => bench_decode(args),
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
         Cmd::CrossTest(args) => cross::run(args, cargo),
-        Cmd::Fuzz { cases, seed } => fuzz(cases, seed),
+        Cmd::Fuzz { cases, seed } => proptest_at_length("test-support", "fuzz", "per parser", cases, seed),
+        Cmd::SoakLossless { cases, seed } => proptest_at_length("spec", "soak", "requests", cases, seed),
     }
 }
 
-fn fuzz(cases: u64, seed: Option<u64>) -> Result<()> {
+/// Runs the proptest suite `test` of `package` in release mode with `cases` cases and a
+/// seed (the clock's unless given), printed so a failure can be replayed.
+fn proptest_at_length(package: &str, test: &str, what: &str, cases: u64, seed: Option<u64>) -> Result<()> {
     let seed = seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs())
     });
-    eprintln!("fuzz: {cases} cases per parser, PROPTEST_RNG_SEED={seed}");
+    eprintln!("{test}: {cases} cases {what}, PROPTEST_RNG_SEED={seed}");
     let mut c = cargo();
-    c.args(["test", "--release", "-p", "test-support", "--test", "fuzz"])
+    c.args(["test", "--release", "-p", package, "--test", test])
         .env("PROPTEST_CASES", cases.to_string())
         .env("PROPTEST_RNG_SEED", seed.to_string())
         .env("PROPTEST_MAX_SHRINK_ITERS", "10000");

@@ -462,7 +462,14 @@ async fn pump(
     let mut asm = Assembly::new(&s.tokenizer, req.stop.clone(), req.logprobs.is_some());
     let mut offset = 0;
     let outcome = loop {
-        match ticket.events.recv().await {
+        // The body going away (hyper drops it when a write, a token or a keep-alive, fails)
+        // ends the pump even while no event comes (a long prefill): dropping the ticket
+        // cancels the job before its next prefill chunk.
+        let event = tokio::select! {
+            event = ticket.events.recv() => event,
+            () = tx.closed() => return Err(()),
+        };
+        match event {
             Some(Event::Token(t)) => {
                 if asm.stop.stopped() {
                     continue;

@@ -6,7 +6,7 @@
 //! statistics invariants checked.
 //!
 //! The case count is proptest's `PROPTEST_CASES` (default here: 24, with a fixed seed, so the
-//! test suite runs a bounded slice); `cargo xtask soak lossless --cases N` runs it at length
+//! test suite runs a bounded slice); `cargo xtask soak-lossless --cases N` runs it at length
 //! in release mode with a fresh seed (`PROPTEST_RNG_SEED` replays one).
 mod common;
 
