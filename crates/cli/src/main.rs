@@ -121,7 +121,11 @@ fn main() -> Result<()> {
         .init();
     // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
     // quantize-drafter, the default model's first import) remove its staging directory.
-    mlx_core::io::model_dir::clean_up_on_signals().context("installing the SIGINT/SIGTERM cleanup")?;
+    // Not for `serve`, which shuts down gracefully on them (a staging directory of an
+    // interrupted first import is removed by the next run).
+    if !matches!(cli.command, Command::Serve(_)) {
+        mlx_core::io::model_dir::clean_up_on_signals().context("installing the SIGINT/SIGTERM cleanup")?;
+    }
     for line in &mlx_core::Settings::global().invalid {
         eprintln!("warning: {line}");
     }
