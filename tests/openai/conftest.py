@@ -4,6 +4,9 @@ Environment (set by `cargo xtask serve-test`; the defaults work from the reposit
 - MLX_SPEC_BIN: the mlx-spec binary (default: target/debug/mlx-spec).
 - MLX_SPEC_MODEL_DIR: the default model's directory (SmolLM2-135M-Instruct in the mlx-spec
   cache), used where a test needs the path (as a draft model, for `generate`).
+- MLX_SPEC_TINY_TARGET, MLX_SPEC_TINY_DSPARK: the tiny Qwen3 target (vocab 256, a byte-level
+  tokenizer, a ChatML template) and its DeepSpec DSpark drafter that xtask writes into
+  target/serve-fixtures (`test_support::dspark::write_tiny_pair`), for the DSpark tests.
 """
 
 import json
@@ -25,6 +28,9 @@ BIN = Path(os.environ.get("MLX_SPEC_BIN", ROOT / "target" / "debug" / "mlx-spec"
 MODEL_DIR = Path(
     os.environ.get("MLX_SPEC_MODEL_DIR", Path.home() / ".cache" / "mlx-spec" / "models" / "smollm2-135m-instruct")
 )
+FIXTURES = ROOT / "target" / "serve-fixtures"
+TINY_TARGET = Path(os.environ.get("MLX_SPEC_TINY_TARGET", FIXTURES / "target"))
+TINY_DSPARK = Path(os.environ.get("MLX_SPEC_TINY_DSPARK", FIXTURES / "dspark"))
 SERVED = "smollm2-test"
 LISTENING = re.compile(r"mlx-spec serve: listening on (http://\S+)")
 START_TIMEOUT_S = float(os.environ.get("MLX_SPEC_SERVE_START_TIMEOUT", "300"))
@@ -173,11 +179,12 @@ def client(server):
 
 
 def generate_text(prompt, max_tokens, *extra):
-    """`mlx-spec generate --draft-kind none --temp 0` stdout (the text), its final newline dropped."""
+    """`mlx-spec generate --draft-kind none --temp 0` stdout (the text), its final newline dropped.
+    Decoded as UTF-8 without newline translation (a generated `\\r` stays one)."""
     cmd = [str(BIN), "generate", "--draft-kind", "none", "--temp", "0", "--max-tokens", str(max_tokens)]
-    out = subprocess.run(
-        [*cmd, "--prompt", prompt, *extra], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.endswith("\n"), out.stdout
-    return out.stdout[:-1]
+    out = subprocess.run([*cmd, "--prompt", prompt, *extra], capture_output=True, timeout=600, check=False)
+    stderr = out.stderr.decode("utf-8", "replace")
+    assert out.returncode == 0, stderr
+    stdout = out.stdout.decode("utf-8")
+    assert stdout.endswith("\n"), stdout
+    return stdout[:-1]

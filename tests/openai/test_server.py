@@ -3,8 +3,10 @@
 What issue 18's "How it is checked" asks, on the default model (SmolLM2-135M-Instruct):
 wire format and OpenAI schemas (every response and every stream chunk validated against
 openai-schemas.json), errors, lossless speculation (every drafter kind, streaming and not,
-equal to `mlx-spec generate`), seeded sampling, the prompt cache, concurrency, cancellation,
-faults and overload, and a bounded soak slice. Run by `cargo xtask serve-test`.
+equal to `mlx-spec generate`; the DeepSpec DSpark drafter on the tiny target + drafter pair
+that xtask writes, as no real DSpark checkpoint with a tokenizer is at hand), seeded
+sampling, the prompt cache, concurrency, cancellation, faults and overload, and a bounded
+soak slice. Run by `cargo xtask serve-test`.
 """
 
 import json
@@ -16,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL_DIR, SERVED, Server, generate_text, metric, validate
+from conftest import MODEL_DIR, SERVED, TINY_DSPARK, TINY_TARGET, Server, generate_text, metric, validate
 
 GROUNDED = (
     "Repeat this list exactly, one item per line, then stop: apple, banana, cherry, date, "
@@ -452,6 +454,59 @@ def test_draft_model_equals_plain(draft_model_server, server, stream):
         # the drafters that need no weights are there too, and plain decoding
         for body in (PLAIN, drafting("ngram"), drafting("suffix")):
             assert chat_text(draft_model_server, GROUNDED, TOKENS, extra_body=body) == plain(server, GROUNDED)
+
+
+# The DSpark drafter: the tiny Qwen3 target (vocab 256, one token per byte; its greedy text
+# is mostly control bytes and U+FFFD, which is what a byte-level tokenizer decodes a random
+# model's output to) and its DSpark drafter, whose Markov head knows the target's bigram, so
+# it drafts and has drafts accepted and rejected.
+TINY_BLOCK = 7  # test_support::dspark::BLOCK_SIZE, the default k with a DSpark drafter
+TINY_TOKENS = 48
+TINY_CHAT = ["Tell me about the sea.", "Repeat this list exactly: apple, banana, cherry, date."]
+TINY_RAW = ["Once upon a time", "def add(a, b):\n    return a + b\n"]
+
+
+@pytest.fixture(scope="module")
+def dspark_server():
+    s = Server(["--served-model-name", SERVED, "--model", TINY_TARGET, "--draft-model", TINY_DSPARK])
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_dspark_drafter_equals_plain_and_generate(dspark_server, endpoint):
+    """Greedy output with `num_draft_tokens` 0 equals the DSpark drafter's at the default k,
+    k 3 and k = the block size, streaming and not, and equals `mlx-spec generate
+    --draft-kind none` on the same prompt; the speculative requests drafted."""
+    s = dspark_server
+    chat = endpoint == "chat"
+
+    def whole(prompt, extra):
+        if chat:
+            doc, _ = chat_raw(s, prompt, TINY_TOKENS, extra_body=extra)
+            return doc["choices"][0]["message"]["content"], doc
+        doc, _ = completion_raw(s, prompt, TINY_TOKENS, extra_body=extra)
+        return doc["choices"][0]["text"], doc
+
+    def stream(prompt, extra):
+        f = chat_stream if chat else completion_stream
+        text, _ = f(s, prompt, TINY_TOKENS, **(extra or {}))
+        return text
+
+    for prompt in TINY_CHAT if chat else TINY_RAW:
+        want, doc = whole(prompt, PLAIN)
+        t = timings(doc)
+        assert t["draft_n"] == 0 and t["predicted_n"] == TINY_TOKENS, f"{prompt!r}: {t}"
+        args = () if chat else ("--ignore-chat-template",)
+        assert want == generate_text(prompt, TINY_TOKENS, "--model", TINY_TARGET, *args), prompt
+        assert stream(prompt, PLAIN) == want, f"{prompt!r}: plain streaming differs from plain"
+        for extra in (None, drafting("model", 3), {"num_draft_tokens": TINY_BLOCK}):
+            got, doc = whole(prompt, extra)
+            assert got == want, f"{prompt!r} {extra}: DSpark output differs from plain"
+            t = timings(doc)
+            assert t["draft_n"] > 0 and t["draft_n_accepted"] > 0, f"{prompt!r} {extra}: did not draft: {t}"
+            assert t["predicted_n"] == TINY_TOKENS, t
+            assert stream(prompt, extra) == want, f"{prompt!r} {extra}: DSpark streaming differs from plain"
 
 
 def test_seeded_sampling_is_reproducible_and_lossless(server):

@@ -236,3 +236,39 @@ fn silent_surprises_are_said() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--system-prompt needs a chat template"), "{stderr}");
 }
+
+/// The tiny Qwen3 target with its byte-level tokenizer and its DSpark drafter
+/// ([`test_support::dspark::write_tiny_pair`]): greedy DSpark output equals plain output,
+/// chat-templated and raw, at the default block size and at a smaller k, and it drafts.
+#[test]
+fn a_dspark_drafter_equals_plain_on_the_tiny_pair() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, dspark) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
+    let (target, dspark) = (target.to_str().unwrap(), dspark.to_str().unwrap());
+    let generate = |prompt: &str, extra: &[&str]| -> (String, Value) {
+        let mut args = vec!["--model", target, "-p", prompt, "--max-tokens", "40", "--temp", "0", "--stats-json"];
+        args.extend_from_slice(extra);
+        let out = mlx_spec(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "mlx-spec generate {extra:?} failed: {stderr}");
+        let json = stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stderr}"));
+        (String::from_utf8(out.stdout).unwrap(), serde_json::from_str(json).unwrap())
+    };
+    for (prompt, raw) in [("Tell me about the sea.", false), ("Once upon a time", true)] {
+        let raw: &[&str] = if raw { &["--ignore-chat-template"] } else { &[] };
+        let (plain, stats) = generate(prompt, &[raw, &["--draft-kind", "none"]].concat());
+        assert_eq!(stats["generation_tokens"], 40, "{prompt:?}: the tiny target stopped early: {stats}");
+        for k in [None, Some("3")] {
+            let mut extra = [raw, &["--draft-model", dspark]].concat();
+            if let Some(k) = k {
+                extra.extend(["--num-draft-tokens", k]);
+            }
+            let (text, stats) = generate(prompt, &extra);
+            assert_eq!(text, plain, "{prompt:?} k {k:?}: DSpark output differs from plain");
+            assert_eq!(stats["drafter"]["kind"], "dspark", "{stats}");
+            let want_k = k.map_or(test_support::dspark::BLOCK_SIZE as u64, |k| k.parse().unwrap());
+            assert_eq!(stats["num_draft_tokens"], want_k, "{stats}");
+            assert!(stats["accepted"].as_u64().unwrap() > 0, "{prompt:?} k {k:?}: nothing accepted: {stats}");
+        }
+    }
+}

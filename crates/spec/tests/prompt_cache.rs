@@ -122,11 +122,7 @@ fn resumed_requests_emit_the_cold_tokens_for_every_model_free_and_draft_model_so
 #[test]
 fn a_dspark_drafter_resumes_from_its_context_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
-    std::fs::create_dir_all(&t).unwrap();
-    std::fs::create_dir_all(&d).unwrap();
-    test_support::dspark::write_tiny_target(&t, 11, 0.3).unwrap();
-    test_support::dspark::write_tiny_dspark(&d, &t, 11).unwrap();
+    let (t, d) = test_support::dspark::write_tiny_pair(dir.path()).unwrap();
     let target = load_model(&t, &LoadOptions::default()).unwrap();
     let load = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
     let provider = DSparkProvider::new(Drafter::load(&d, &load).unwrap(), "dspark").unwrap();

@@ -45,11 +45,7 @@ fn world() -> World {
             load_model(&dir, &LoadOptions::default()).unwrap()
         };
         let dir = tempfile::tempdir().unwrap();
-        let (t, d) = (dir.path().join("target"), dir.path().join("dspark"));
-        std::fs::create_dir_all(&t).unwrap();
-        std::fs::create_dir_all(&d).unwrap();
-        test_support::dspark::write_tiny_target(&t, 11, 0.3).unwrap();
-        test_support::dspark::write_tiny_dspark(&d, &t, 11).unwrap();
+        let (t, d) = test_support::dspark::write_tiny_pair(dir.path()).unwrap();
         let f32 = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
         let smollm2 = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
         let cheap = || CostModel::fixed(CostCurve::linear(0.05, 33));

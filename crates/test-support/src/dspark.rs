@@ -6,6 +6,10 @@
 //! the drafter in the mlx-lm layout. Nothing here is committed: every run regenerates the
 //! same bytes from MLX's counter-based random keys.
 //!
+//! [`write_tiny_pair`] writes the Qwen3 pair the tests share, its target with a byte-level
+//! tokenizer and a chat template ([`write_byte_tokenizer`]) so that `mlx-spec generate` and
+//! `mlx-spec serve` can run it too (`cargo xtask serve-test` serves it, with the drafter).
+//!
 //! A pair is built so that the drafter drafts well (acceptance is neither 0 nor 1, and
 //! every round shape happens: none accepted, some, all):
 //! - the target's decoder layers are weak next to its embeddings (Qwen3: small weights;
@@ -17,7 +21,7 @@
 //!   so `markov_rank = H`) and `W2 = lm_head` of the target (its embedding when tied), while
 //!   its own `lm_head` is small. Its backbone (taps, `fc`, context attention, block) runs in
 //!   full but only nudges the logits.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mlx_core::io::save_safetensors;
 use mlx_core::quant::QuantSpec;
@@ -152,6 +156,114 @@ pub fn write_tiny_target(dir: &Path, seed: u64, layer_gain: f32) -> Result<()> {
             "rope_theta": ROPE_THETA,
             "tie_word_embeddings": false,
             "max_position_embeddings": 4096,
+        }),
+    )
+}
+
+/// Seed of [`write_tiny_pair`]'s target and drafter.
+pub const PAIR_SEED: u64 = 11;
+/// Layer gain of [`write_tiny_pair`]'s target (see [`write_tiny_target`]).
+pub const PAIR_LAYER_GAIN: f32 = 0.3;
+/// The EOS byte of [`write_byte_tokenizer`]: `0x1b` (ESC), a control byte text rarely holds
+/// and one that [`write_tiny_pair`]'s target rarely produces: its bigram logits (see the
+/// module docs) never rank it above 7th, so greedy outputs run to `max_tokens` (the target's
+/// attractors, `0x7f` among them, would stop them after a few tokens).
+pub const BYTE_EOS: u8 = 0x1b;
+/// [`write_byte_tokenizer`]'s chat template: ChatML (`<|im_start|>role\ncontent<|im_end|>\n`
+/// per message, then `<|im_start|>assistant\n` with `add_generation_prompt`). The markers
+/// are plain text to the byte-level tokenizer (a byte per token), not special tokens.
+pub const BYTE_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+    {{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Writes the tiny Qwen3 pair the tests share under `root` (created if needed) and returns
+/// `(target, drafter)`: `root/target` ([`write_tiny_target`] with [`PAIR_SEED`] and
+/// [`PAIR_LAYER_GAIN`], plus [`write_byte_tokenizer`]'s files, so it is a model directory
+/// `mlx-spec generate` and `serve` accept) and `root/dspark` ([`write_tiny_dspark`] of that
+/// target, same seed). Deterministic: the same bytes on every call.
+///
+/// # Errors
+/// [`drafter::Error::Mlx`] / [`drafter::Error::Model`] when a directory or file cannot be
+/// written.
+pub fn write_tiny_pair(root: &Path) -> Result<(PathBuf, PathBuf)> {
+    let (t, d) = (root.join("target"), root.join("dspark"));
+    for dir in [&t, &d] {
+        std::fs::create_dir_all(dir).map_err(|e| models::Error::io(dir, e))?;
+    }
+    write_tiny_target(&t, PAIR_SEED, PAIR_LAYER_GAIN)?;
+    write_byte_tokenizer(&t)?;
+    write_tiny_dspark(&d, &t, PAIR_SEED)?;
+    Ok((t, d))
+}
+
+/// GPT-2's byte-to-symbol map (`bytes_to_unicode`): printable Latin-1 bytes stand for
+/// themselves, the other 68 are shifted to U+0100.. in byte order.
+fn byte_symbols() -> [char; 256] {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut out = ['\0'; 256];
+    let mut shifted = 0;
+    for (b, slot) in out.iter_mut().enumerate() {
+        let b = b as u32;
+        let c = if printable(b) {
+            b
+        } else {
+            shifted += 1;
+            255 + shifted
+        };
+        *slot = char::from_u32(c).expect("below U+0200");
+    }
+    out
+}
+
+/// Writes a byte-level tokenizer of exactly [`VOCAB`] = 256 tokens into `dir` (which must
+/// exist), id `b` being byte `b`, for the tiny targets (which have no tokenizer of their own):
+/// - `tokenizer.json`: a `tokenizers` BPE model whose vocabulary is the 256 byte-level
+///   symbols (GPT-2's `bytes_to_unicode`) and which has no merges, with the ByteLevel
+///   pre-tokenizer and decoder, no normalizer, no post-processor and no added tokens. Any
+///   text encodes to its UTF-8 bytes and decodes back; ids that are not valid UTF-8 decode
+///   to U+FFFD.
+/// - `tokenizer_config.json`: `eos_token` the symbol of [`BYTE_EOS`], no BOS
+///   (`add_bos_token` false), and [`BYTE_CHAT_TEMPLATE`] as `chat_template`.
+///
+/// # Errors
+/// [`drafter::Error::Model`] when a file cannot be written.
+pub fn write_byte_tokenizer(dir: &Path) -> Result<()> {
+    let symbols = byte_symbols();
+    let vocab: serde_json::Map<String, Value> =
+        symbols.iter().enumerate().map(|(id, c)| (c.to_string(), json!(id))).collect();
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    write_json(
+        &dir.join("tokenizer.json"),
+        &json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": byte_level,
+            "post_processor": null,
+            "decoder": byte_level,
+            "model": {
+                "type": "BPE",
+                "dropout": null,
+                "unk_token": null,
+                "continuing_subword_prefix": null,
+                "end_of_word_suffix": null,
+                "fuse_unk": false,
+                "byte_fallback": false,
+                "ignore_merges": false,
+                "vocab": vocab,
+                "merges": [],
+            },
+        }),
+    )?;
+    write_json(
+        &dir.join("tokenizer_config.json"),
+        &json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": symbols[BYTE_EOS as usize].to_string(),
+            "add_bos_token": false,
+            "add_eos_token": false,
+            "chat_template": BYTE_CHAT_TEMPLATE,
         }),
     )
 }
@@ -448,4 +560,36 @@ pub fn quantize_drafter_for_tests(src: &Path, dst: &Path, spec: QuantSpec) -> Re
     let mut bases = r.quantize.quantized_modules;
     bases.sort();
     Ok(bases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use models::tokenizer::{ChatMessage, Tokenizer};
+
+    #[test]
+    fn the_byte_tokenizer_loads_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        write_byte_tokenizer(dir.path()).unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.vocab_size(), VOCAB);
+        assert_eq!(tok.eos_ids(), &[u32::from(BYTE_EOS)]);
+        assert!(!tok.adds_bos());
+        for text in ["", "hello world", "  two  spaces\nand a line", "héllo → 世界 🦀", "<|im_start|>"] {
+            let ids = tok.encode(text, true).unwrap();
+            let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
+            assert_eq!(ids, bytes, "{text:?}: one id per byte, the byte's value");
+            assert_eq!(tok.decode(&ids, false).unwrap(), text);
+        }
+        let all: Vec<u32> = (0..=255).collect();
+        for id in &all {
+            assert_eq!(tok.token_to_id(&tok.id_to_token(*id).unwrap()), Some(*id));
+        }
+        let rendered =
+            tok.apply_chat_template(&[ChatMessage::system("Be brief."), ChatMessage::user("Hi!")], true).unwrap();
+        assert_eq!(
+            rendered,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
 }
