@@ -4,8 +4,10 @@
 Arms (all on the same model directory, the same chat prompts, greedy, the same max_tokens):
 - `mlx-spec plain`: per-request `num_draft_tokens: 0`;
 - `mlx-spec spec`: the server's default drafter (suffix, cost-aware length);
-- `mlx_lm plain`: `python -m mlx_lm server --model DIR` (mlx_lm has no model-free drafter; its
-  `--draft-model` path turns batching off, and this target has no smaller family member).
+- `mlx_lm plain`: `mlx_lm.server --model DIR` through xtask/scripts/mlx_lm_server_f32.py, which
+  makes it compute in float32 like ours (in the stored float16 its CPU path is ~100x slower);
+  mlx_lm has no model-free drafter, its `--draft-model` path turns batching off, and this
+  target has no smaller family member.
 
 For each concurrency (1 and 4 clients by default) every client sends `--requests` streaming
 chat requests one after the other; each request's prompt starts with a unique tag so that no
@@ -219,7 +221,7 @@ def main():
         if os.environ.get("MLX_LM_LD_PRELOAD"):
             env["LD_PRELOAD"] = os.environ["MLX_LM_LD_PRELOAD"]
         base = Proc(
-            [sys.executable, "-m", "mlx_lm.server", "--model", a.model, "--port", str(port), "--host", "127.0.0.1"],
+            [sys.executable, str(ROOT / "xtask/scripts/mlx_lm_server_f32.py"), "--model", a.model, "--port", str(port), "--host", "127.0.0.1"],
             env=env,
         ).wait_ready(url=f"http://127.0.0.1:{port}", path="/health")
         servers.append(base)

@@ -286,8 +286,20 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+/// Prints a failure once, as one line with its causes (no backtrace: a failing step has
+/// already printed its own error above, and `RUST_BACKTRACE` is often set for the tests).
+fn main() -> std::process::ExitCode {
+    match dispatch(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Cmd) -> Result<()> {
+    match command {
         Cmd::Test { full, no_serve, args } => {
             test(full, &args)?;
             if no_serve {
@@ -353,7 +365,7 @@ fn run(mut c: Command) -> Result<()> {
     eprintln!("+ {c:?}");
     let status = c.status().with_context(|| format!("cannot start {c:?}"))?;
     if !status.success() {
-        bail!("{c:?} failed: {status}");
+        bail!("{c:?} failed ({status}); its output is above");
     }
     Ok(())
 }
