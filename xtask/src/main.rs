@@ -19,6 +19,10 @@
 //!   `bench serve`: `mlx-spec serve` vs `mlx_lm.server` (see [`serve`]).
 //! - `fuzz`, `soak-lossless`: the parser fuzz suite and the lossless soak at length (release
 //!   mode, many cases, a fresh seed).
+//! - `kill-test`: the kill test (crates/cli/tests/kill.rs) at length: `quantize`,
+//!   `import-gguf` and `quantize-drafter` killed with SIGINT, SIGTERM and SIGKILL at random
+//!   moments, `--runs` times each (release mode, a fresh seed), with the outcomes per command
+//!   and signal.
 //! - `cross-test aarch64`: the workspace cross-built for 64-bit ARM Linux, and a chosen set of
 //!   its tests run under qemu user-mode emulation (see [`cross`]).
 use std::path::{Path, PathBuf};
@@ -284,6 +288,24 @@ enum Cmd {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// The kill test (crates/cli/tests/kill.rs) at length: release mode, `quantize`,
+    /// `import-gguf` and `quantize-drafter` each killed `--runs` times with SIGINT, SIGTERM
+    /// and SIGKILL at random moments; after each kill the destination is absent, the old or
+    /// the new complete output, and after the next run no staging or partial file remains.
+    /// Prints the seed (`MLX_SPEC_KILL_SEED` to replay one) and the outcomes per command and
+    /// signal.
+    KillTest {
+        /// Runs per command and signal.
+        #[arg(long, default_value_t = 50)]
+        runs: u64,
+        /// The seed (default: the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// `large` (SmolLM2-135M's GGUF, a 128 MiB model to quantize) or `small` (the
+        /// suite's inputs: the tiny GGUF fixture, a 32 MiB model).
+        #[arg(long, default_value = "large")]
+        inputs: String,
+    },
 }
 
 /// Prints a failure once, as one line with its causes (no backtrace: a failing step has
@@ -333,21 +355,47 @@ fn dispatch(command: Cmd) -> Result<()> {
         Cmd::CrossTest(args) => cross::run(args, cargo),
         Cmd::Fuzz { cases, seed } => proptest_at_length("test-support", "fuzz", "per parser", cases, seed),
         Cmd::SoakLossless { cases, seed } => proptest_at_length("spec", "soak", "requests", cases, seed),
+        Cmd::KillTest { runs, seed, inputs } => {
+            let seed = seed.unwrap_or_else(clock_seed);
+            let env = [
+                ("MLX_SPEC_KILL_RUNS", runs.to_string()),
+                ("MLX_SPEC_KILL_SEED", seed.to_string()),
+                ("MLX_SPEC_KILL_INPUTS", inputs),
+            ];
+            // --nocapture: the outcome table is printed even when every run passes.
+            test_at_length("mlx-spec", "kill", &format!("{runs} runs per command and signal"), &env, &["--nocapture"])
+        }
     }
+}
+
+/// A seed from the clock, for the suites run at length.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs())
 }
 
 /// Runs the proptest suite `test` of `package` in release mode with `cases` cases and a
 /// seed (the clock's unless given), printed so a failure can be replayed.
 fn proptest_at_length(package: &str, test: &str, what: &str, cases: u64, seed: Option<u64>) -> Result<()> {
-    let seed = seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs())
-    });
-    eprintln!("{test}: {cases} cases {what}, PROPTEST_RNG_SEED={seed}");
+    let seed = seed.unwrap_or_else(clock_seed);
+    let env = [
+        ("PROPTEST_CASES", cases.to_string()),
+        ("PROPTEST_RNG_SEED", seed.to_string()),
+        ("PROPTEST_MAX_SHRINK_ITERS", "10000".to_string()),
+    ];
+    test_at_length(package, test, &format!("{cases} cases {what}"), &env, &[])
+}
+
+/// Runs the integration test `test` of `package` in release mode with the variables `env`
+/// set and `test_args` after `--`; prints `what` and the variables first, so a failure can
+/// be replayed.
+fn test_at_length(package: &str, test: &str, what: &str, env: &[(&str, String)], test_args: &[&str]) -> Result<()> {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    eprintln!("{test}: {what}, {}", shown.join(" "));
     let mut c = cargo();
-    c.args(["test", "--release", "-p", package, "--test", test])
-        .env("PROPTEST_CASES", cases.to_string())
-        .env("PROPTEST_RNG_SEED", seed.to_string())
-        .env("PROPTEST_MAX_SHRINK_ITERS", "10000");
+    c.args(["test", "--release", "-p", package, "--test", test]).envs(env.iter().map(|(k, v)| (k, v)));
+    if !test_args.is_empty() {
+        c.arg("--").args(test_args);
+    }
     run(c)
 }
 

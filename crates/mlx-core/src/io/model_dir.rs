@@ -236,6 +236,10 @@ pub fn copy_aux_files(src: &Path, dir: &Path) -> Result<Vec<String>> {
     Ok(copied)
 }
 
+/// The label of the name an old destination is moved aside to while `--force` replaces it:
+/// `.<name>.replaced-<pid>-XXXXXX`.
+const REPLACED_LABEL: &str = "replaced";
+
 /// A staging directory being removed on a signal: the directory and the parents created
 /// for its destination (deepest first).
 struct Live {
@@ -352,6 +356,9 @@ impl StagedDir {
         }
         let prefix = format!(".{name}.{label}-");
         remove_stale_staging(&parent, &prefix);
+        // An old destination a killed run had moved aside to replace it (`commit` with
+        // `replace`): the new output was in place, or the old one is given up for the new.
+        remove_stale_staging(&parent, &format!(".{name}.{REPLACED_LABEL}-"));
         let dir = match staging_dir(&parent, &prefix) {
             Ok(t) => t.keep(),
             Err(e) => {
@@ -375,8 +382,9 @@ impl StagedDir {
 
     /// Renames the staging directory to the destination. When the destination exists and
     /// `replace` is set (and it is a directory), it is first moved aside to
-    /// `.<name>.replaced-<pid>` and removed only after the rename succeeded (restored
-    /// otherwise).
+    /// `.<name>.replaced-<pid>-XXXXXX` and removed only after the rename succeeded (restored
+    /// otherwise). A process killed (SIGKILL) before that removal ended leaves the old
+    /// directory there; the next [`StagedDir::create`] for the same destination removes it.
     ///
     /// # Errors
     /// [`Error::File`] naming the destination when it appeared meanwhile (without `replace`,
@@ -436,8 +444,9 @@ fn move_into_place(staged: &Path, dst: &Path, replace: bool) -> Result<()> {
     // A fresh name beside the destination (not one a killed earlier run may have left).
     let parent = dst.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    // The process id lets the next run tell it left by a killed process (`StagedDir::create`).
     let aside = tempfile::Builder::new()
-        .prefix(&format!(".{name}.replaced-"))
+        .prefix(&format!(".{name}.{REPLACED_LABEL}-{}-", std::process::id()))
         .tempdir_in(parent)
         .map_err(|e| file_err(dst, format!("cannot make a name to move the old directory aside: {e}")))?
         .keep();
@@ -576,6 +585,8 @@ mod tests {
             std::fs::create_dir(p.join(name)).unwrap();
         }
         std::fs::write(p.join(format!(".out.quantizing-{dead}-file")), b"partial").unwrap();
+        std::fs::create_dir(p.join(format!(".out2.replaced-{dead}-Kl12"))).unwrap();
+        std::fs::write(p.join(format!(".out2.replaced-{dead}-Kl12/config.json")), b"{}").unwrap();
         let staged = StagedDir::create(&p.join("out2"), "quantizing").unwrap();
         assert!(staged.path().file_name().unwrap().to_str().unwrap().starts_with(&format!(".out2.quantizing-{me}-")));
         drop(staged);
