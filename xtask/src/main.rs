@@ -303,7 +303,7 @@ enum Cmd {
         seed: Option<u64>,
         /// `large` (SmolLM2-135M's GGUF, a 128 MiB model to quantize) or `small` (the
         /// suite's inputs: the tiny GGUF fixture, a 32 MiB model).
-        #[arg(long, default_value = "large")]
+        #[arg(long, default_value = "large", value_parser = ["large", "small"])]
         inputs: String,
     },
 }
