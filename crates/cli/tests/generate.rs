@@ -25,10 +25,18 @@ fn mlx_spec(args: &[&str], envs: &[(&str, &str)]) -> Output {
     c.output().expect("run mlx-spec")
 }
 
-/// Runs `generate` with `--stats-json`; returns (stdout text, stats).
+/// Runs `generate` on [`PROMPT`] (raw, 24 tokens) with `--stats-json`; returns (stdout text,
+/// stats).
 fn run(model: &Path, extra: &[&str]) -> (String, Value) {
-    let model = model.to_str().unwrap();
-    let mut args = vec!["--model", model, "-p", PROMPT, "--ignore-chat-template", "--max-tokens", "24", "--stats-json"];
+    let mut args = vec!["--ignore-chat-template", "--max-tokens", "24"];
+    args.extend_from_slice(extra);
+    run_prompt(model, PROMPT, &args)
+}
+
+/// Runs `generate --model MODEL -p PROMPT --stats-json` with `extra`; returns (stdout text,
+/// stats). Panics with its stderr when it fails.
+fn run_prompt(model: &Path, prompt: &str, extra: &[&str]) -> (String, Value) {
+    let mut args = vec!["--model", model.to_str().unwrap(), "-p", prompt, "--stats-json"];
     args.extend_from_slice(extra);
     let out = mlx_spec(&args, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -244,15 +252,11 @@ fn silent_surprises_are_said() {
 fn a_dspark_drafter_equals_plain_on_the_tiny_pair() {
     let root = tempfile::tempdir().unwrap();
     let (target, dspark) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
-    let (target, dspark) = (target.to_str().unwrap(), dspark.to_str().unwrap());
+    let dspark = dspark.to_str().unwrap();
     let generate = |prompt: &str, extra: &[&str]| -> (String, Value) {
-        let mut args = vec!["--model", target, "-p", prompt, "--max-tokens", "40", "--temp", "0", "--stats-json"];
+        let mut args = vec!["--max-tokens", "40", "--temp", "0"];
         args.extend_from_slice(extra);
-        let out = mlx_spec(&args, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "mlx-spec generate {extra:?} failed: {stderr}");
-        let json = stderr.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stderr}"));
-        (String::from_utf8(out.stdout).unwrap(), serde_json::from_str(json).unwrap())
+        run_prompt(&target, prompt, &args)
     };
     for (prompt, raw) in [("Tell me about the sea.", false), ("Once upon a time", true)] {
         let raw: &[&str] = if raw { &["--ignore-chat-template"] } else { &[] };

@@ -29,28 +29,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use mlx_core::{Array, Dtype};
+mod common;
+
+use common::model_of;
 
 /// A model directory read into memory: each file's path (relative) and bytes.
 type Snapshot = BTreeMap<PathBuf, Vec<u8>>;
-
-/// splitmix64: a small seeded generator, enough to pick moments and cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.trim().parse().unwrap_or_else(|e| panic!("{name}={v}: {e}")))
@@ -110,16 +94,6 @@ fn copy_dir(src: &Path, dst: &Path) {
     }
 }
 
-/// A synthetic model directory of `n` eligible 8 MiB f32 matrices.
-fn model_of(dir: &Path, n: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("config.json"), r#"{"model_type": "synthetic"}"#).unwrap();
-    let values: Vec<f32> = (0..1024u64 * 2048).map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0).collect();
-    let m = Array::from_slice(&values, &[1024, 2048]).unwrap();
-    assert_eq!(m.dtype(), Dtype::Float32);
-    let names: Vec<String> = (0..n).map(|i| format!("layers.{i}.proj.weight")).collect();
-    mlx_core::io::save_safetensors(dir.join("model.safetensors"), names.iter().map(|n| (n.as_str(), &m)), []).unwrap();
-}
 
 /// The arguments of a run writing to the given destination.
 type ArgsFor = Box<dyn Fn(&Path) -> Vec<String>>;
@@ -358,10 +332,9 @@ fn killed_at_random_moments_leaves_absent_old_or_new() {
         for (si, &signal) in SIGNALS.iter().enumerate() {
             let mut tally = Tally::default();
             for i in 0..runs {
-                let mut rng = Rng(seed ^ ((ci as u64) << 56) ^ ((si as u64) << 48) ^ i);
-                rng.next();
-                let with_old = rng.next().is_multiple_of(2);
-                let delay = Duration::from_secs_f64(rng.unit() * 1.2 * r.seconds);
+                let mut rng = fastrand::Rng::with_seed(seed ^ ((ci as u64) << 56) ^ ((si as u64) << 48) ^ i);
+                let with_old = rng.bool();
+                let delay = Duration::from_secs_f64(rng.f64() * 1.2 * r.seconds);
                 tally.runs += 1;
                 if let Err(e) = one_run(case, &r, signal, with_old, delay, &mut tally) {
                     tally.failures += 1;
