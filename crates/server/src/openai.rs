@@ -262,9 +262,38 @@ pub fn parse_body<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
     if !value.is_object() {
         return Err(ApiError::bad_request("invalid request body: expected a JSON object"));
     }
+    refuse_unsupported(&value)?;
     let mut request: T = from_value(&value)?;
     *request.common_mut() = from_value(&value)?;
     Ok(request)
+}
+
+/// Fields of the OpenAI schema (and vLLM's `repetition_penalty`) that would change the
+/// output and that this server does not implement, each with the test for its no-op value
+/// (null counts as absent). Other fields it does not read (`user`, `metadata`, `store`,
+/// `service_tier`, ...) do not change the tokens and are accepted.
+const UNSUPPORTED: [(&str, fn(&Value) -> bool, &str); 8] = [
+    ("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling is not supported"),
+    ("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling is not supported"),
+    ("tool_choice", |v| v == "none" || v == "auto", "tool calling is not supported"),
+    ("function_call", |v| v == "none" || v == "auto", "function calling is not supported"),
+    ("response_format", |v| v.get("type").is_some_and(|t| t == "text"), "only {\"type\": \"text\"} is supported"),
+    ("logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit_bias is not supported"),
+    ("presence_penalty", |v| v.as_f64() == Some(0.0), "penalties are not supported (only 0)"),
+    ("frequency_penalty", |v| v.as_f64() == Some(0.0), "penalties are not supported (only 0)"),
+];
+
+/// Refuses a field of [`UNSUPPORTED`] that holds anything but its no-op value, rather than
+/// answering as if it had not been sent.
+fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+    for (field, no_op, why) in UNSUPPORTED {
+        match body.get(field) {
+            None | Some(Value::Null) => {}
+            Some(v) if no_op(v) => {}
+            Some(v) => return Err(ApiError::bad(field, format!("{field} {v}: {why} by this server"))),
+        }
+    }
+    Ok(())
 }
 
 fn float(param: &str, v: Option<f64>, default: f32, ok: impl Fn(f64) -> bool, want: &str) -> Result<f32, ApiError> {
@@ -573,6 +602,34 @@ mod tests {
 
     fn chat(body: &str) -> Result<GenRequest, ApiError> {
         parse_body::<ChatRequest>(body.as_bytes())?.validate(&limits()).map(|(r, _)| r)
+    }
+
+    #[test]
+    fn fields_that_would_change_the_output_are_refused_unless_no_op() {
+        let base = r#""model": "smol", "messages": [{"role": "user", "content": "hi"}]"#;
+        for (extra, field) in [
+            (r#""tools": [{"type": "function", "function": {"name": "f"}}]"#, "tools"),
+            (r#""tool_choice": "required""#, "tool_choice"),
+            (r#""response_format": {"type": "json_object"}"#, "response_format"),
+            (r#""logit_bias": {"42": 5}"#, "logit_bias"),
+            (r#""presence_penalty": 0.5"#, "presence_penalty"),
+            (r#""frequency_penalty": -1"#, "frequency_penalty"),
+            (r#""functions": [{"name": "f"}]"#, "functions"),
+            (r#""function_call": {"name": "f"}"#, "function_call"),
+        ] {
+            let e = chat(&format!("{{{base}, {extra}}}")).unwrap_err();
+            assert_eq!(param(e).as_deref(), Some(field), "{extra}");
+        }
+        for extra in [
+            r#""tools": []"#,
+            r#""tools": null, "tool_choice": "none""#,
+            r#""response_format": {"type": "text"}"#,
+            r#""logit_bias": {}"#,
+            r#""presence_penalty": 0, "frequency_penalty": 0.0"#,
+            r#""user": "u1", "metadata": {"k": "v"}"#,
+        ] {
+            assert!(chat(&format!("{{{base}, {extra}}}")).is_ok(), "{extra}");
+        }
     }
 
     fn param(e: ApiError) -> Option<String> {
