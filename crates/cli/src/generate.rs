@@ -7,16 +7,18 @@
 //! ([`spec::speculative_generate`]), whose output is token for token the plain output;
 //! `--draft-kind none` decodes plainly ([`models::generate`]). The drafting flags are
 //! resolved and the drafter built by [`spec::providers::DrafterSpec`], the factory the A/B
-//! and the benchmarks use too.
+//! and the benchmarks use too. A prompt longer than two prefill chunks shows a prefill bar
+//! on stderr when stderr is a terminal ([`crate::progress::prefill_progress`]), cleared before
+//! the first token is printed.
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use models::tokenizer::{ChatMessage, Tokenizer};
-use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
+use models::{GenerateParams, LoadOptions, Sampler, generate_with_progress, load_model};
 use spec::providers::{DraftTarget, DrafterSpec};
-use spec::{Acceptance, SpecOptions, SpecStats, speculative_generate};
+use spec::{Acceptance, Request, SpecOptions, SpecStats};
 
 use crate::drafting::{DraftingArgs, target_dir};
 use crate::parse_dtype;
@@ -181,6 +183,9 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
 
+    // A bar on a terminal for a long prompt, cleared by the prefill's last report.
+    let mut bar_progress = crate::progress::prefill_progress(ids.len());
+    let mut no_progress = |_: usize, _: usize| {};
     let mut decoder = tok.stream_decoder(true);
     let mut out = std::io::stdout().lock();
     let mut failed: Option<anyhow::Error> = None;
@@ -199,11 +204,22 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         }
     };
     let report = match &drafter {
-        None => Report::Plain(generate(&model, &ids, &params, &mut on_token)?),
+        None => {
+            let progress: &mut dyn FnMut(usize, usize) = match &mut bar_progress {
+                Some(cb) => cb,
+                None => &mut no_progress,
+            };
+            Report::Plain(generate_with_progress(&model, &ids, &params, progress, &mut on_token)?)
+        }
         Some(drafter) => {
             let options = SpecOptions { num_draft_tokens: drafter.num_draft_tokens, acceptance: a.drafting.acceptance };
             let mut source = drafter.provider.open(&model, &params.sampler)?;
-            let stats = speculative_generate(&model, source.as_mut(), &ids, &params, options, &mut on_token)?;
+            // `speculative_generate` with the prefill progress: `run` on a fresh cache.
+            let request = Request {
+                progress: bar_progress.as_mut().map(|cb| cb as &mut dyn FnMut(usize, usize)),
+                ..Request::new(&ids, &params, options, model.make_cache())
+            };
+            let stats = spec::run(&model, source.as_mut(), request, |e| on_token(e.token))?.stats;
             drop(source);
             Report::Spec {
                 drafter: drafting.describe(),

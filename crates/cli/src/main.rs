@@ -16,6 +16,7 @@
 //!   metrics) over speculative decoding with a prompt cache (the `server` crate).
 mod drafting;
 mod generate;
+mod progress;
 mod quantize;
 mod serve;
 
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use mlx_core::Dtype;
 use mlx_core::quant::QuantSpec;
 use models::gguf_import::{ImportOptions, ImportProgress, import_gguf};
@@ -214,12 +215,7 @@ fn info(json: bool) -> Result<()> {
 
 /// A progress bar fed by the importer's events.
 pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg:40!} [{bar:30}] {pos}/{len} {elapsed}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let bar = progress::styled_bar(0, 40, "{elapsed}");
     let b = bar.clone();
     let cb = move |p: ImportProgress| match p {
         ImportProgress::Reading { parts, bytes } => {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use quantize::{Action, Progress, QuantizeOptions, QuantizeResult, quantize_model_dir};
 
 /// Arguments of `mlx-spec quantize` (`mlx_lm.convert -q` names; `--model`/`--out` also work).
@@ -91,12 +91,7 @@ pub fn run_drafter(a: QuantizeDrafterArgs) -> Result<()> {
 
 /// A progress bar on stderr fed by the quantizer's events.
 fn progress_bar() -> (ProgressBar, impl FnMut(Progress)) {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg:48!} [{bar:30}] {pos}/{len} {elapsed}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let bar = crate::progress::styled_bar(0, 48, "{elapsed}");
     let b = bar.clone();
     let cb = move |p: Progress| match p {
         Progress::Loading { files, tensors, bytes } => {

@@ -276,3 +276,48 @@ fn a_dspark_drafter_equals_plain_on_the_tiny_pair() {
         }
     }
 }
+
+/// A prompt of three prefill chunks on the tiny pair, plain and with its DSpark drafter:
+/// with stderr captured (not a terminal) nothing of a prefill bar is printed; on a
+/// pseudo-terminal (util-linux `script`, stdout still redirected to a file) stderr shows the
+/// bar, and stdout is the same text as without one.
+#[test]
+fn a_long_prefill_shows_a_bar_only_on_a_terminal() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, dspark) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
+    let (target, dspark) = (target.to_str().unwrap(), dspark.to_str().unwrap());
+    // 1,300 bytes, one token each with the byte tokenizer.
+    let prompt = "The sea is calm tonight. ".repeat(52);
+    let base = ["--model", target, "-p", &prompt, "--ignore-chat-template", "--max-tokens", "8", "--temp", "0"];
+    for extra in [&["--draft-kind", "none"][..], &["--draft-model", dspark][..]] {
+        let args = [&base[..], extra].concat();
+        let out = mlx_spec(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{extra:?}: {stderr}");
+        assert!(stderr.contains("Prompt: 1300 tokens"), "{extra:?}: {stderr}");
+        assert!(
+            !stderr.contains("prefill") && !stderr.contains('\r') && !stderr.contains('\x1b'),
+            "{extra:?}: {stderr}"
+        );
+
+        // The same command with stderr on a pseudo-terminal.
+        let text = root.path().join("stdout.txt");
+        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let mut line = quote(env!("CARGO_BIN_EXE_mlx-spec")) + " generate";
+        for a in &args {
+            line += &format!(" {}", quote(a));
+        }
+        line += &format!(" > {}", quote(text.to_str().unwrap()));
+        let tty = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env("TERM", "xterm")
+            .env_remove("MLX_SPEC_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run util-linux `script`");
+        let shown = String::from_utf8_lossy(&tty.stdout);
+        assert!(tty.status.success(), "{extra:?} on a terminal: {shown}");
+        assert!(shown.contains("prefill") && shown.contains("/1300 tokens"), "{extra:?}: no prefill bar in {shown:?}");
+        assert_eq!(std::fs::read_to_string(&text).unwrap(), String::from_utf8(out.stdout).unwrap(), "{extra:?}");
+    }
+}

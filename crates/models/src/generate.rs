@@ -48,16 +48,46 @@ pub struct GenerationStats {
 }
 
 /// Fills a fresh cache with `prompt[..n-1]`; returns the cache and the last prompt token,
-/// which heads the first decode window.
+/// which heads the first decode window. [`prefill_with_progress`] without the progress.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for an empty prompt; model errors otherwise.
 pub fn prefill(model: &Transformer, prompt: &[u32]) -> Result<(crate::ModelCache, u32)> {
+    prefill_with_progress(model, prompt, &mut |_, _| {})
+}
+
+/// A prefill progress callback, called as `progress(done, total)` in prompt tokens: `total`
+/// is the prompt's length (the same on every call) and `done` the prompt tokens prefilled so
+/// far. It is called once before the first chunk, after every [`PREFILL_CHUNK`]-token chunk
+/// but the last, and once with `done == total` when the prompt is in (the last prompt token
+/// heads the first decode step, so it counts as done then); `done` strictly increases from
+/// call to call. It is not called again after `done == total`, and not with `done == total`
+/// when the prefill fails or is cancelled. It is only told: it cannot fail or stop the
+/// prefill.
+pub type PrefillProgress<'a> = &'a mut dyn FnMut(usize, usize);
+
+/// [`prefill`], reporting to `progress` (see [`PrefillProgress`] for when it is called).
+///
+/// # Errors
+/// [`Error::Unsupported`] for an empty prompt (`progress` is then never called); model
+/// errors otherwise.
+pub fn prefill_with_progress(
+    model: &Transformer,
+    prompt: &[u32],
+    progress: PrefillProgress<'_>,
+) -> Result<(crate::ModelCache, u32)> {
     let (&last, head) = prompt.split_last().ok_or_else(|| Error::Unsupported("an empty prompt".into()))?;
     let mut cache = model.make_cache();
+    progress(0, prompt.len());
+    let mut done = 0;
     for chunk in head.chunks(PREFILL_CHUNK) {
         model.prefill(&ids(chunk)?, &mut cache)?;
+        done += chunk.len();
+        if done < head.len() {
+            progress(done, prompt.len());
+        }
     }
+    progress(prompt.len(), prompt.len());
     Ok((cache, last))
 }
 
@@ -128,9 +158,25 @@ pub fn generate(
     params: &GenerateParams,
     on_token: impl FnMut(u32) -> bool,
 ) -> Result<GenerationStats> {
+    generate_with_progress(model, prompt, params, &mut |_, _| {}, on_token)
+}
+
+/// [`generate`], reporting the prompt's prefill to `progress` ([`PrefillProgress`]: its
+/// last call, with `done == total`, comes before the first token reaches `on_token`). The
+/// tokens and statistics are those of [`generate`].
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_with_progress(
+    model: &Transformer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    progress: PrefillProgress<'_>,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<GenerationStats> {
     memory::reset_peak();
     let start = Instant::now();
-    let (mut cache, token) = prefill(model, prompt)?;
+    let (mut cache, token) = prefill_with_progress(model, prompt, progress)?;
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
     let decoded = decode(model, &mut cache, token, 0, params, on_token)?;
     let end = Instant::now();

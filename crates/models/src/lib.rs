@@ -23,7 +23,7 @@ pub mod weights;
 pub use cache::{KvCache, LayerCache, ModelCache, RotatingKvCache};
 pub use config::{ModelConfig, QuantizationConfig};
 pub use error::{Error, Result};
-pub use generate::{GenerateParams, GenerationStats, generate};
+pub use generate::{GenerateParams, GenerationStats, PrefillProgress, generate, generate_with_progress};
 pub use model::{LoadOptions, load_model};
 pub use sampling::Sampler;
 pub use transformer::{Family, ForwardOutput, Transformer};

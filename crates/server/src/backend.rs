@@ -155,6 +155,7 @@ impl Backend for SpecBackend {
             draft_state,
             cancel: Some(cancel),
             logprobs: job.logprobs,
+            progress: None,
         };
         let outcome = spec::run(&self.model, source.as_mut(), request, |e| {
             on_token(Token { id: e.token, logprobs: e.logprobs.clone() })

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mlx_core::{Array, Dtype, concatenate, memory};
-use models::generate::{GenerateParams, PREFILL_CHUNK, ids};
+use models::generate::{GenerateParams, PREFILL_CHUNK, PrefillProgress, ids};
 use models::{ModelCache, Sampler, Transformer};
 
 use crate::error::Context;
@@ -98,18 +98,33 @@ pub struct Request<'a> {
     /// sampling filters, as mlx_lm.server and vLLM report it) and the `k` most likely tokens
     /// ([`TokenLogprobs`]). Tokens emitted after a fallback to plain decoding carry none.
     pub logprobs: Option<usize>,
+    /// Told how the prompt's prefill goes, in prompt tokens ([`PrefillProgress`]: `total` is
+    /// `prompt.len()`, the first call's `done` the `c` cached tokens, and `done == total`
+    /// comes once the target and the source both hold the prompt, before the first token
+    /// reaches `on_token`). `None` (a server's requests): nothing is told. It does not change
+    /// the tokens or the statistics.
+    pub progress: Option<PrefillProgress<'a>>,
 }
 
 impl<'a> Request<'a> {
     /// A request on `cache` (empty, or a prompt-cache prefix) with no snapshot,
-    /// cancellation or logprobs.
+    /// cancellation, logprobs or progress.
     pub fn new(
         prompt: &'a [u32],
         params: &'a GenerateParams,
         options: impl Into<SpecOptions>,
         cache: ModelCache,
     ) -> Self {
-        Request { prompt, params, options: options.into(), cache, draft_state: None, cancel: None, logprobs: None }
+        Request {
+            prompt,
+            params,
+            options: options.into(),
+            cache,
+            draft_state: None,
+            cancel: None,
+            logprobs: None,
+            progress: None,
+        }
     }
 }
 
@@ -228,7 +243,7 @@ pub fn run(
     request: Request<'_>,
     mut on_token: impl FnMut(&Emitted) -> bool,
 ) -> Result<Outcome> {
-    let Request { prompt, params, options, mut cache, draft_state, cancel, logprobs } = request;
+    let Request { prompt, params, options, mut cache, draft_state, cancel, logprobs, progress } = request;
     let SpecOptions { num_draft_tokens, acceptance } = options;
     let rejection = acceptance == Acceptance::Rejection && !params.sampler.is_greedy();
     let (last, cached) = check_request(prompt, &cache, &*source, draft_state.as_ref())?;
@@ -244,7 +259,20 @@ pub fn run(
     // round until they are rolled back): what the request leaves for a prompt cache.
     let mut in_cache = prompt[..cached].to_vec();
     let head = &prompt[cached..prompt.len() - 1];
-    let prefilled = prefill_target(target, &mut cache, head, &tap_layers, &mut stats, &cancelled)?;
+    let mut no_progress = |_: usize, _: usize| {};
+    let progress: &mut dyn FnMut(usize, usize) = match progress {
+        Some(progress) => progress,
+        None => &mut no_progress,
+    };
+    progress(cached, prompt.len());
+    // The target's chunks are told as they finish, except the last: `done == total` waits
+    // for the source's prefill, so the caller hears it once the whole prompt is in.
+    let mut on_chunk = |done: usize| {
+        if cached + done < prompt.len() - 1 {
+            progress(cached + done, prompt.len());
+        }
+    };
+    let prefilled = prefill_target(target, &mut cache, head, &tap_layers, &mut stats, &cancelled, &mut on_chunk)?;
     in_cache.extend_from_slice(&head[..cache.offset() - cached]);
     if !prefilled.complete {
         stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -262,6 +290,7 @@ pub fn run(
         0 => source.prefill(prompt, prefilled.taps.as_deref())?,
         _ => source.resume(prompt, cached, draft_state, prefilled.taps.as_deref())?,
     }
+    progress(prompt.len(), prompt.len());
     stats.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let decode_start = Instant::now();
@@ -839,7 +868,7 @@ fn fall_back(
 ) -> Result<Finish> {
     stats.fallback_at = Some(stats.emitted);
     let mut cache = target.make_cache();
-    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats, &|| false)?;
+    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats, &|| false, &mut |_| {})?;
     plain_decode(target, &mut cache, next, params, stats, on_token)
 }
 
@@ -886,7 +915,8 @@ struct Prefill {
 }
 
 /// Prefills `cache` with `head` in chunks of [`PREFILL_CHUNK`], as
-/// [`models::generate::prefill`] does, checking `cancelled` before each chunk. With
+/// [`models::generate::prefill`] does, checking `cancelled` before each chunk and calling
+/// `on_chunk` with the number of `head` tokens in the cache after each. With
 /// `tap_layers`, the chunks run through `forward_with_taps` (the logits are never evaluated)
 /// and the taps of all chunks are concatenated, one `[1, head.len(), H]` array per tap
 /// layer; `None` without tap layers or for an empty `head`.
@@ -897,9 +927,11 @@ fn prefill_target(
     tap_layers: &[usize],
     stats: &mut SpecStats,
     cancelled: &dyn Fn() -> bool,
+    on_chunk: &mut dyn FnMut(usize),
 ) -> Result<Prefill> {
     let what = |len: usize| move || format!("target prefill of a {len}-token chunk");
     let mut per_layer: Vec<Vec<Array>> = vec![Vec::new(); tap_layers.len()];
+    let mut done = 0;
     for chunk in head.chunks(PREFILL_CHUNK) {
         if cancelled() {
             return Ok(Prefill { taps: None, complete: false });
@@ -917,6 +949,8 @@ fn prefill_target(
             }
         }
         stats.prefill_forwards += 1;
+        done += chunk.len();
+        on_chunk(done);
     }
     if tap_layers.is_empty() || head.is_empty() {
         return Ok(Prefill { taps: None, complete: true });

@@ -9,8 +9,8 @@
 //! - [`speculative_generate`]: the executor, with [`SpecStats`] and [`SpecOptions`]
 //!   (exact-match acceptance, or the Leviathan/Chen rule of [`rejection`] for sampling);
 //!   [`run`] is the same executor for a server's requests ([`Request`]: a prompt-cache
-//!   prefix and the drafter's [`DraftSnapshot`], cancellation, logprobs; [`Outcome`]: the
-//!   trimmed cache to keep).
+//!   prefix and the drafter's [`DraftSnapshot`], cancellation, logprobs, prefill progress;
+//!   [`Outcome`]: the trimmed cache to keep).
 //! - [`providers`]: the one drafter factory, [`providers::DrafterSpec`] (none, n-gram,
 //!   draft model, DSpark) parsed from flags or a word, defaults in one place, built into a
 //!   [`DraftProvider`].
