@@ -29,7 +29,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 /// Packages whose unit tests (`--lib`) run on the target.
-pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "server"];
+pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "server", "test-support"];
 
 /// Integration tests (package, test target) that compare the CPU kernels of mlx-sys with MLX's
 /// own results; they run on the target too.
