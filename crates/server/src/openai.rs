@@ -268,11 +268,14 @@ pub fn parse_body<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
     Ok(request)
 }
 
-/// Fields of the OpenAI schema (and vLLM's `repetition_penalty`) that would change the
+/// A refused field: its name, the test for its no-op value, and why it is refused.
+type Unsupported = (&'static str, fn(&Value) -> bool, &'static str);
+
+/// Fields of the OpenAI schema that would change the
 /// output and that this server does not implement, each with the test for its no-op value
 /// (null counts as absent). Other fields it does not read (`user`, `metadata`, `store`,
 /// `service_tier`, ...) do not change the tokens and are accepted.
-const UNSUPPORTED: [(&str, fn(&Value) -> bool, &str); 8] = [
+const UNSUPPORTED: [Unsupported; 8] = [
     ("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling is not supported"),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling is not supported"),
     ("tool_choice", |v| v == "none" || v == "auto", "tool calling is not supported"),
