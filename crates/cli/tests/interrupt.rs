@@ -48,7 +48,6 @@ fn big_model(dir: &Path) {
     model_of(dir, 32);
 }
 
-
 #[test]
 fn quantize_interrupted_by_sigint_leaves_nothing() {
     let src = tempfile::tempdir().unwrap();

@@ -94,7 +94,6 @@ fn copy_dir(src: &Path, dst: &Path) {
     }
 }
 
-
 /// The arguments of a run writing to the given destination.
 type ArgsFor = Box<dyn Fn(&Path) -> Vec<String>>;
 
