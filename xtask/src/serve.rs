@@ -132,53 +132,19 @@ fn suite(root: &Path, cargo: fn() -> Command, release: bool) -> Result<Command> 
 /// The tiny Qwen3 target (with its byte-level tokenizer) and its DSpark drafter
 /// ([`test_support::dspark::write_tiny_pair`]) in `target/serve-fixtures/{target,dspark}`,
 /// for the suite's DSpark tests. The pair is deterministic and cheap, so every run writes it
-/// afresh next to the old one and keeps the old files when they hold the same bytes (a
-/// change to the generator cannot leave stale fixtures; a missing or partial directory is
-/// replaced). Returns (target, drafter).
+/// afresh beside the old one and renames it into place (a change to the generator cannot
+/// leave stale fixtures; a partial directory is replaced). Returns (target, drafter).
 fn tiny_pair(root: &Path) -> Result<(PathBuf, PathBuf)> {
     let dir = target_dir(root).join("serve-fixtures");
     let fresh = target_dir(root).join("serve-fixtures.new");
-    if fresh.exists() {
-        std::fs::remove_dir_all(&fresh)?;
+    for d in [&fresh, &dir] {
+        if d.exists() {
+            std::fs::remove_dir_all(d)?;
+        }
     }
     test_support::dspark::write_tiny_pair(&fresh).context("writing the tiny target + DSpark pair")?;
-    if same_files(&fresh, &dir)? {
-        std::fs::remove_dir_all(&fresh)?;
-    } else {
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        std::fs::rename(&fresh, &dir)?;
-    }
+    std::fs::rename(&fresh, &dir)?;
     Ok((dir.join("target"), dir.join("dspark")))
-}
-
-/// Whether the directory trees `a` and `b` hold the same files with the same bytes.
-fn same_files(a: &Path, b: &Path) -> Result<bool> {
-    if !b.is_dir() {
-        return Ok(false);
-    }
-    let names = |d: &Path| -> Result<Vec<_>> {
-        let mut v = std::fs::read_dir(d)?.map(|e| Ok(e?.file_name())).collect::<Result<Vec<_>>>()?;
-        v.sort();
-        Ok(v)
-    };
-    let (na, nb) = (names(a)?, names(b)?);
-    if na != nb {
-        return Ok(false);
-    }
-    for n in na {
-        let (pa, pb) = (a.join(&n), b.join(&n));
-        let same = if pa.is_dir() {
-            same_files(&pa, &pb)?
-        } else {
-            pb.is_file() && std::fs::read(&pa)? == std::fs::read(&pb)?
-        };
-        if !same {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// `cargo xtask serve-test`: pytest on tests/openai against the debug build.
