@@ -2,9 +2,11 @@
 //! chosen set of its tests run under qemu user-mode emulation against the target's MLX wheel.
 //!
 //! Steps, each timed:
-//! 1. `cargo build --workspace --all-targets --target aarch64-unknown-linux-gnu` (every library,
-//!    binary, test, bench and example compiles and links for the target; mlx-sys's build script
-//!    downloads the `mlx-cpu` aarch64 wheel into its own cache directory);
+//! 1. `cargo check --workspace --all-targets --target aarch64-unknown-linux-gnu` (every library,
+//!    binary, test, bench and example compiles for the target; mlx-sys's build script
+//!    downloads the `mlx-cpu` aarch64 wheel into its own cache directory and cross-compiles
+//!    the bridge), then `cargo build --workspace --bins` (the `mlx-spec` binary links against
+//!    the target's libmlx);
 //! 2. `cargo test --workspace --target … --lib` under `qemu-aarch64 -L /usr/aarch64-linux-gnu`
 //!    (the sysroot of Debian's cross toolchain): the unit tests of [`LIB_PACKAGES`], the only
 //!    members that have any (the step fails if another member gains some, so that the list
@@ -18,7 +20,8 @@
 //! same features and nothing is compiled again (`-p` of a few members would rebuild most of
 //! the dependency tree with fewer features).
 //!
-//! Real-weight tests (they download models) and the benches are built in step 1 but not run.
+//! Real-weight tests (they download models) and the benches are checked in step 1 but not
+//! built or run.
 //! Needs (Debian): `g++-aarch64-linux-gnu`, `qemu-user`, and `rustup target add
 //! aarch64-unknown-linux-gnu`; `.ci/run` installs them. On an aarch64 machine the tests run
 //! natively, without qemu.
@@ -27,6 +30,17 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Result;
+
+/// Step 1a: every target of the workspace (libraries, binaries, tests, benches, examples)
+/// compiles for the target: `cargo check` runs the build scripts (mlx-sys's C++ bridge and
+/// kernels are compiled with the cross compiler) and type-checks every crate, without
+/// generating and linking the ~80 test, bench and example executables, most of which never
+/// run here.
+const BUILD_ALL: &[&str] = &["check", "--workspace", "--all-targets"];
+
+/// Step 1b: the binaries (`mlx-spec`) are built and linked against the target's libmlx; the
+/// test executables of steps 2 and 3 are built and linked by `cargo test` itself.
+const BUILD_BINS: &[&str] = &["build", "--workspace", "--bins"];
 
 /// Packages whose unit tests (`--lib`) run on the target.
 pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "server", "test-support"];
@@ -176,10 +190,13 @@ pub fn run(args: Args, cargo: fn() -> Command) -> Result<()> {
     }
     let mut steps: Vec<(String, f64)> = Vec::new();
     let t0 = Instant::now();
-    let mut c = cargo();
-    c.args(["build", "--workspace", "--all-targets", "--target", triple]);
-    super::run(c)?;
-    steps.push((format!("cargo build --workspace --all-targets --target {triple}"), t0.elapsed().as_secs_f64()));
+    for what in [BUILD_ALL, BUILD_BINS] {
+        let t = Instant::now();
+        let mut c = cargo();
+        c.args(what).args(["--target", triple]);
+        super::run(c)?;
+        steps.push((format!("cargo {} --target {triple}", what.join(" ")), t.elapsed().as_secs_f64()));
+    }
 
     if !args.build_only {
         let runner_var = arch.runner_var();

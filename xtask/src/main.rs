@@ -264,14 +264,15 @@ enum Cmd {
     /// N short requests to one `mlx-spec serve` over keep-alive connections: nothing lost or
     /// duplicated, RSS and MLX active memory back within 5% of their level after the first 100.
     Soak(serve::SoakArgs),
-    /// The lossless soak (crates/spec/tests/soak.rs) at length: release mode, `--cases`
-    /// random requests (prompt, drafter, draft length, temperature, filters, seed) on the
-    /// tiny models, a DSpark pair and SmolLM2, each compared with plain decoding, from a
-    /// fresh seed it prints (`PROPTEST_RNG_SEED` to replay one).
+    /// The lossless soak (crates/spec/tests/soak.rs) at length: release mode, random
+    /// requests (prompt, drafter, draft length, temperature, filters, seed) on the tiny
+    /// models, a DSpark pair and SmolLM2, each compared with plain decoding, until `--tokens`
+    /// speculative tokens have been compared, from a fresh seed it prints
+    /// (`PROPTEST_RNG_SEED` to replay one).
     SoakLossless {
-        /// Random requests.
-        #[arg(long, default_value_t = 2_000)]
-        cases: u64,
+        /// Speculative tokens to compare.
+        #[arg(long, default_value_t = 1_000_000)]
+        tokens: u64,
         /// The seed (default: the clock).
         #[arg(long)]
         seed: Option<u64>,
@@ -354,7 +355,14 @@ fn dispatch(command: Cmd) -> Result<()> {
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
         Cmd::CrossTest(args) => cross::run(args, cargo),
         Cmd::Fuzz { cases, seed } => proptest_at_length("test-support", "fuzz", "per parser", cases, seed),
-        Cmd::SoakLossless { cases, seed } => proptest_at_length("spec", "soak", "requests", cases, seed),
+        Cmd::SoakLossless { tokens, seed } => {
+            let env = [
+                ("MLX_SPEC_SOAK_TOKENS", tokens.to_string()),
+                ("PROPTEST_RNG_SEED", seed.unwrap_or_else(clock_seed).to_string()),
+                ("PROPTEST_MAX_SHRINK_ITERS", "10000".to_string()),
+            ];
+            test_at_length("spec", "soak", &format!("{tokens} tokens"), &env, &["--nocapture"])
+        }
         Cmd::KillTest { runs, seed, inputs } => {
             let seed = seed.unwrap_or_else(clock_seed);
             let env = [

@@ -1,5 +1,5 @@
 //! The error type of the `drafter` crate.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while loading or running a DSpark drafter. Every variant
 /// names the file, tensor, field or model involved and what was expected versus found.
@@ -62,6 +62,23 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// The same error with every path it names passed through `f` (`quantize-drafter` names
+    /// the destination, not its staging directory:
+    /// [`mlx_core::io::model_dir::StagedDir::shown`]).
+    pub fn with_paths(self, f: &dyn Fn(&Path) -> PathBuf) -> Self {
+        match self {
+            Error::Model(e) => Error::Model(e.with_paths(f)),
+            Error::Mlx(e) => Error::Mlx(e.with_paths(f)),
+            Error::Config { path, field, message } => Error::Config { path: f(&path), field, message },
+            Error::Unsupported { path, message } => Error::Unsupported { path: f(&path), message },
+            Error::Unused { path, names } => Error::Unused { path: f(&path), names },
+            Error::Quantize(e) => Error::Quantize(Box::new(e.with_paths(f))),
+            other @ (Error::Incompatible { .. } | Error::Invalid(_)) => other,
+        }
+    }
+}
 
 impl From<quantize::Error> for Error {
     fn from(e: quantize::Error) -> Self {

@@ -47,11 +47,10 @@ pub fn load_smoke(dir: &Path) -> Result<LoadSmoke> {
     c.eval()?;
     let want = vec![1, 1, d.hidden_size() as i32];
     if c.shape() != want {
-        return Err(Error::Invalid(format!(
-            "load smoke of {}: the context projection has shape {:?}, expected {want:?}",
-            dir.display(),
-            c.shape()
-        )));
+        return Err(Error::Unsupported {
+            path: dir.into(),
+            message: format!("load smoke: the context projection has shape {:?}, expected {want:?}", c.shape()),
+        });
     }
     Ok(LoadSmoke { projection_shape: want, quantized_modules: d.quantized_modules().to_vec() })
 }
@@ -124,7 +123,7 @@ pub fn quantize_drafter_dir(
     };
     // Written and smoke-tested in the staging directory; renamed to `dst` only when both pass.
     let (staged, quantize) = quantize_to_staging(src, dst, &options, progress)?;
-    let smoke = load_smoke(staged.path())?;
+    let smoke = load_smoke(staged.path()).map_err(|e| e.with_paths(&|p| staged.shown(p)))?;
     staged.commit(force).map_err(|e| Error::Invalid(format!("cannot move the quantized drafter into place: {e}")))?;
     progress(Progress::Done { out_dir: dst.into(), seconds: quantize.seconds });
     Ok(QuantizeDrafterResult { quantize, smoke })

@@ -1,5 +1,5 @@
 //! The error type of this crate.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::Dtype;
 
@@ -74,5 +74,16 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     pub(crate) fn mlx(op: &'static str, e: cxx::Exception) -> Self {
         Error::Mlx { op, message: e.what().to_string() }
+    }
+
+    /// The same error with every path it names passed through `f` (e.g.
+    /// [`crate::io::model_dir::StagedDir::shown`], which names the destination instead of its staging
+    /// directory).
+    pub fn with_paths(self, f: &dyn Fn(&Path) -> PathBuf) -> Self {
+        match self {
+            Error::File { path, message } => Error::File { path: f(&path), message },
+            Error::Missing { path, what, name } => Error::Missing { path: f(&path), what, name },
+            other => other,
+        }
     }
 }

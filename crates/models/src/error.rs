@@ -1,5 +1,5 @@
 //! The error type of the `models` crate.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while loading, importing or running a model. Every variant
 /// names the file, tensor or field involved and what was expected versus found.
@@ -82,5 +82,21 @@ impl Error {
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
+    }
+
+    /// The same error with every path it names passed through `f` (an import names the
+    /// destination, not its staging directory: [`mlx_core::io::model_dir::StagedDir::shown`]).
+    pub fn with_paths(self, f: &dyn Fn(&Path) -> PathBuf) -> Self {
+        match self {
+            Error::Mlx(e) => Error::Mlx(e.with_paths(f)),
+            Error::Io { path, source } => Error::Io { path: f(&path), source },
+            Error::Json { path, message } => Error::Json { path: f(&path), message },
+            Error::Config { path, field, message } => Error::Config { path: f(&path), field, message },
+            Error::Weight { path, name, message } => Error::Weight { path: f(&path), name, message },
+            Error::Unused { path, names } => Error::Unused { path: f(&path), names },
+            Error::Tokenizer { path, message } => Error::Tokenizer { path: f(&path), message },
+            Error::Gguf { path, message } => Error::Gguf { path: f(&path), message },
+            Error::Unsupported(message) => Error::Unsupported(message),
+        }
     }
 }

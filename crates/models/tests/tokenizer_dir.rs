@@ -393,3 +393,18 @@ fn a_chat_template_that_never_finishes_stops_at_its_work_limit() {
     assert!(tok.apply_chat_template(&msgs, true).unwrap().contains("message 1999"));
     eprintln!("out of fuel after {:?}", start.elapsed());
 }
+
+#[test]
+fn a_tighter_work_limit_is_kept_across_a_replaced_template() {
+    let loop_1000 = "{% for a in range(1000) %}x{% endfor %}";
+    let tok = load(&basic_dir(json!({"chat_template": loop_1000})));
+    let msgs = [ChatMessage::user("hi")];
+    assert_eq!(tok.apply_chat_template(&msgs, false).unwrap().len(), 1000);
+    let tight = tok.with_render_fuel(100);
+    let err = tight.apply_chat_template(&msgs, false).unwrap_err().to_string();
+    assert!(err.contains("work limit of 100 instructions"), "{err}");
+    // `--chat-template` replaces the template, not the limit.
+    let replaced = tight.with_chat_template(loop_1000.to_string(), "--chat-template");
+    let err = replaced.apply_chat_template(&msgs, false).unwrap_err().to_string();
+    assert!(err.contains("work limit of 100") && err.contains("--chat-template"), "{err}");
+}

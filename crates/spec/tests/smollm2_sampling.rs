@@ -5,11 +5,12 @@
 //!   template) makes the n-gram drafter propose " blue" first. Under the Leviathan/Chen rule
 //!   with `--temp 2.0 --top-k 2` (and all filters together), the first emitted token must follow
 //!   the target's filtered distribution, computed exactly from the model: before the
-//!   renormalisation fix P(" blue") was 0.05 where plain decoding gives 0.77. The reported
-//!   case runs 1,000 seeds (the standard error of a share near 0.77 is 0.013, so a 5-point
-//!   shift is about 3.8 standard errors; the test allows 3.5), all filters together 500 (a
-//!   debug-build run costs about 0.2 s here; the tiny-model tests in `rejection.rs` give
-//!   each filter 3,000 seeds).
+//!   renormalisation fix P(" blue") was 0.05 where plain decoding gives 0.77. The suite runs
+//!   the reported case with 400 seeds (the standard error of a share near 0.77 is 0.021: the
+//!   old bug is 34 standard errors away, a 7.5-point shift 3.6; the test allows 3.5) and all
+//!   filters together with 200; `cargo xtask test --full` runs 1,000 and 500 (a 5-point
+//!   shift is then 3.8 standard errors). A debug-build run costs about 0.07 s per seed here;
+//!   the tiny-model tests in `rejection.rs` give each filter 3,000 seeds.
 //! - `smollm2_self_drafting_is_always_accepted_when_sampling`: the model drafting for itself
 //!   with the request's keys is accepted at every position under exact match at
 //!   temperature 0.7 and 1.0, with and without filters, and the output is plain decoding's
@@ -36,6 +37,18 @@ fn load() -> (Transformer, Tokenizer, std::path::PathBuf) {
 
 #[test]
 fn smollm2_rejection_rule_under_filters() {
+    rejection_rule_under_filters(400, 200);
+}
+
+#[test]
+#[ignore = "1,000 and 500 seeds, about 5 minutes on 2 cores in a debug build: cargo xtask test --full"]
+fn smollm2_rejection_rule_under_filters_all_seeds() {
+    rejection_rule_under_filters(1000, 500);
+}
+
+/// The first emitted token's shares over `reported` seeds (temp 2.0, top-k 2) and
+/// `all_filters` seeds (every filter together) against the target's filtered distribution.
+fn rejection_rule_under_filters(reported: u64, all_filters: u64) {
     let (target, tok, _) = load();
     let prompt = tok.encode("red, blue, red, blue, red, blue, red, blue, red,", true).unwrap();
     let blue = tok.encode(" blue", false).unwrap();
@@ -45,11 +58,11 @@ fn smollm2_rejection_rule_under_filters() {
     // (label, sampler, seeds): the reported case with enough seeds to resolve a 5-point
     // shift, and all filters together.
     let filters = [
-        ("temp 2.0, top-k 2", Sampler { temp: 2.0, top_k: 2, ..Sampler::default() }, 1000),
+        ("temp 2.0, top-k 2", Sampler { temp: 2.0, top_k: 2, ..Sampler::default() }, reported),
         (
             "temp 1.0, top-k 20, top-p 0.9, min-p 0.05",
             Sampler { temp: 1.0, top_k: 20, top_p: 0.9, min_p: 0.05, ..Sampler::default() },
-            500,
+            all_filters,
         ),
     ];
     for (label, base, runs) in filters {

@@ -380,6 +380,19 @@ impl StagedDir {
         &self.dst
     }
 
+    /// `path` as the user named it: a path inside the staging directory becomes the same
+    /// path under the destination, so that a message says `q4/model.safetensors: No space
+    /// left on device`, not `.q4.quantizing-4242-Ab12Cd/model.safetensors` (a name the user
+    /// never gave, and gone once the error has removed the staging directory). Other paths
+    /// (the sources) are returned unchanged.
+    pub fn shown(&self, path: &Path) -> PathBuf {
+        match path.strip_prefix(&self.dir) {
+            Ok(rel) if rel.as_os_str().is_empty() => self.dst.clone(),
+            Ok(rel) => self.dst.join(rel),
+            Err(_) => path.to_path_buf(),
+        }
+    }
+
     /// Renames the staging directory to the destination. When the destination exists and
     /// `replace` is set (and it is a directory), it is first moved aside to
     /// `.<name>.replaced-<pid>-XXXXXX` and removed only after the rename succeeded (restored

@@ -293,22 +293,25 @@ pub fn import_gguf(
     let shards = ShardPlan::new(outputs, options.max_shard_bytes);
 
     let staged = StagedDir::create(out_dir, "importing")?;
-    let dir = staged.path();
-    let written = write_shards(&g, &items, &shards, dir, dtype, scale_dtype, progress)?;
     let total_parameters: u64 = items.iter().map(|it| it.info.numel()).sum();
-    shards.write_index(dir, total_parameters)?;
-
-    let mut config = hp.config(&g, torch_dtype(dtype));
-    if let Some(q) = &quant_config {
-        config.insert("quantization".into(), q.clone());
-        config.insert("quantization_config".into(), q.clone());
-    }
-    write_json(&dir.join("config.json"), &Value::Object(config.into_iter().collect()))?;
-    write_json(&dir.join("generation_config.json"), &Value::Object(hp.generation_config(&g).into_iter().collect()))?;
-    if let Some(t) = &tokenizer {
-        write_text(&dir.join("tokenizer.json"), &t.tokenizer_json)?;
-        write_text(&dir.join("tokenizer_config.json"), &t.tokenizer_config_json)?;
-    }
+    let mut write = |dir: &Path| -> Result<_> {
+        let written = write_shards(&g, &items, &shards, dir, dtype, scale_dtype, progress)?;
+        shards.write_index(dir, total_parameters)?;
+        let mut config = hp.config(&g, torch_dtype(dtype));
+        if let Some(q) = &quant_config {
+            config.insert("quantization".into(), q.clone());
+            config.insert("quantization_config".into(), q.clone());
+        }
+        write_json(&dir.join("config.json"), &Value::Object(config.into_iter().collect()))?;
+        write_json(&dir.join("generation_config.json"), &Value::Object(hp.generation_config(&g).into_iter().collect()))?;
+        if let Some(t) = &tokenizer {
+            write_text(&dir.join("tokenizer.json"), &t.tokenizer_json)?;
+            write_text(&dir.join("tokenizer_config.json"), &t.tokenizer_config_json)?;
+        }
+        Ok(written)
+    };
+    // Errors name the destination's files, not the staging directory's.
+    let written = write(staged.path()).map_err(|e| e.with_paths(&|p| staged.shown(p)))?;
     staged.commit(options.force)?;
 
     let quantized_modules =

@@ -29,6 +29,7 @@ pub const RENDER_FUEL: u64 = 20_000_000;
 pub(crate) struct ChatTemplate {
     pub(crate) source: String,
     pub(crate) origin: PathBuf,
+    fuel: u64,
     env: std::result::Result<Environment<'static>, String>,
 }
 
@@ -37,21 +38,29 @@ impl std::fmt::Debug for ChatTemplate {
         f.debug_struct("ChatTemplate")
             .field("origin", &self.origin)
             .field("chars", &self.source.len())
+            .field("fuel", &self.fuel)
             .field("compiles", &self.env.is_ok())
             .finish()
     }
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; a syntax error is kept and reported when the template is applied, so
-    /// a tokenizer with an unusable template still encodes and decodes.
-    pub(crate) fn new(source: String, origin: PathBuf) -> Self {
+    /// Compiles `source` with a work limit of `fuel` ([`RENDER_FUEL`] for a model's own); a
+    /// syntax error is kept and reported when the template is applied, so a tokenizer with an
+    /// unusable template still encodes and decodes.
+    pub(crate) fn new(source: String, origin: PathBuf, fuel: u64) -> Self {
         let mut env = environment();
+        env.set_fuel(Some(fuel));
         let env = match env.add_template_owned(TEMPLATE_NAME, source.clone()) {
             Ok(()) => Ok(env),
             Err(e) => Err(describe(&e)),
         };
-        Self { source, origin, env }
+        Self { source, origin, fuel, env }
+    }
+
+    /// The work limit of one rendering, in minijinja fuel.
+    pub(crate) fn fuel(&self) -> u64 {
+        self.fuel
     }
 
     pub(crate) fn render(
@@ -78,8 +87,9 @@ impl ChatTemplate {
         tmpl.render(Value::from_iter(ctx)).map_err(|e| {
             let message = match e.kind() {
                 ErrorKind::OutOfFuel => format!(
-                    "chat template: rendering ran past its work limit of {RENDER_FUEL} instructions \
-                     (a loop that never ends, or loops nested too deep)"
+                    "chat template: rendering ran past its work limit of {} instructions \
+                     (a loop that never ends, or loops nested too deep)",
+                    self.fuel
                 ),
                 _ => format!("chat template: {}", describe(&e)),
             };
@@ -109,7 +119,6 @@ pub(crate) fn environment() -> Environment<'static> {
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.set_formatter(python_formatter);
-    env.set_fuel(Some(RENDER_FUEL));
     env
 }
 

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::{Error, Result};
 
 mod chat;
+pub use chat::RENDER_FUEL;
 mod gguf;
 
 pub use gguf::{SUPPORTED_PRE, tokenizer_files_from_gguf};
@@ -251,7 +252,7 @@ impl Tokenizer {
             specials,
             adds_bos: false,
             vocab_size,
-            chat: template.map(|(source, origin)| chat::ChatTemplate::new(source, origin)),
+            chat: template.map(|(source, origin)| chat::ChatTemplate::new(source, origin, chat::RENDER_FUEL)),
         };
         tok.adds_bos = match (tok.specials, bos_id) {
             (Specials::Explicit { bos, .. }, _) => bos.is_some(),
@@ -352,7 +353,19 @@ impl Tokenizer {
     /// came from, or a label such as `--chat-template`). A template that does not compile is
     /// kept and reported when applied, as one from the model directory is.
     pub fn with_chat_template(mut self, source: String, origin: impl Into<PathBuf>) -> Self {
-        self.chat = Some(chat::ChatTemplate::new(source, origin.into()));
+        let fuel = self.chat.as_ref().map_or(chat::RENDER_FUEL, |c| c.fuel());
+        self.chat = Some(chat::ChatTemplate::new(source, origin.into(), fuel));
+        self
+    }
+
+    /// This tokenizer with a work limit of `fuel` minijinja instructions per chat-template
+    /// rendering instead of [`RENDER_FUEL`] (about one unit per template instruction;
+    /// a rendering that runs out fails with [`Error::Tokenizer`] saying so). A server that
+    /// renders many templates per second, or a fuzz test, may want a tighter limit.
+    pub fn with_render_fuel(mut self, fuel: u64) -> Self {
+        if let Some(c) = self.chat.take() {
+            self.chat = Some(chat::ChatTemplate::new(c.source, c.origin, fuel));
+        }
         self
     }
 
