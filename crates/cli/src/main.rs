@@ -109,7 +109,36 @@ struct ImportArgs {
     force: bool,
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", report(&e));
+            if e.backtrace().status() == std::backtrace::BacktraceStatus::Captured {
+                eprintln!("\nbacktrace (RUST_BACKTRACE is set):\n{}", e.backtrace());
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error: <what failed>`, then one `caused by:` line per cause, leaving out a cause that
+/// the line above already ends with (errors such as `{path}: {source}` print their source
+/// themselves, and anyhow's chain would repeat it).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = format!("error: {e}");
+    let mut above = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !above.ends_with(&text) {
+            out.push_str(&format!("\n  caused by: {text}"));
+        }
+        above = text;
+    }
+    out
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let filter = match &cli.command {
         Command::Serve(a) => a.log_level.clone(),

@@ -128,7 +128,12 @@ pub fn save_safetensors<'a>(
     crate::settings::apply_process();
     if let Err(e) = ffi::save_safetensors(tmp_str, &m) {
         let _ = std::fs::remove_file(&tmp);
-        let message = format!("cannot write it (as {}): {}", tmp.display(), e.what());
+        // MLX's writer reports a short write without the OS's reason.
+        let message = format!(
+            "cannot write it: {} (a short write: the file system is full, a file-size limit was reached, or \
+             the device failed)",
+            e.what()
+        );
         return Err(Error::File { path: path.into(), message });
     }
     std::fs::rename(&tmp, path).map_err(|e| {
