@@ -29,13 +29,13 @@ pub(crate) struct DraftingArgs {
     /// Drafts per round (γ; with `suffix`, the most the policy may choose). Default: 32 with
     /// suffix, 3 with a draft model (mlx_lm's), the block size with a DSpark drafter, 10 with
     /// n-gram.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     num_draft_tokens: Option<usize>,
     /// N-gram lookup: the longest trailing n-gram tried first [default: 3].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     ngram_max: Option<usize>,
     /// N-gram lookup: the shortest trailing n-gram tried [default: 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     ngram_min: Option<usize>,
     /// N-gram lookup: how many of the tokens a match offers each round drafts, up to
     /// --num-draft-tokens: `heuristic` (a budget per match length that grows by 2 while all
@@ -58,7 +58,7 @@ pub(crate) struct DraftingArgs {
     pub(crate) acceptance: Acceptance,
     /// DSpark drafters: cut each block before the first position whose confidence is below
     /// this (0 = off).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     confidence_threshold: Option<f32>,
 }
 

@@ -38,7 +38,7 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     system_prompt: Option<String>,
     /// Maximum number of tokens to generate.
-    #[arg(long, short = 'm', default_value_t = 100)]
+    #[arg(long, short = 'm', default_value_t = 100, allow_negative_numbers = true)]
     max_tokens: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -47,13 +47,13 @@ pub(crate) struct GenerateArgs {
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     top_k: usize,
     /// Minimum probability relative to the top token, in [0, 1] (0 = off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
     /// Random seed (per-step keys derive from it).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     /// Compute dtype: `float32` (fast on CPU), `float16`, `bfloat16`, or `stored` (as in the
     /// weight files, which is what mlx-lm does). Applies to the draft model too.

@@ -91,15 +91,15 @@ struct ImportArgs {
     /// Requantize all weights with MLX affine quantization (like mlx_lm.convert -q).
     #[arg(short = 'q', long)]
     quantize: bool,
-    /// Bits for `-q`.
-    #[arg(long, default_value_t = 4)]
+    /// Bits for `-q` (an error without `-q`).
+    #[arg(long, default_value_t = 4, requires = "quantize")]
     q_bits: i32,
-    /// Group size for `-q`.
-    #[arg(long, default_value_t = 64)]
+    /// Group size for `-q` (an error without `-q`).
+    #[arg(long, default_value_t = 64, requires = "quantize")]
     q_group_size: i32,
     /// Keep GGUF blocks MLX represents exactly (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0)
-    /// quantized.
-    #[arg(long)]
+    /// quantized (an error with `-q`, which requantizes every weight).
+    #[arg(long, conflicts_with = "quantize")]
     keep_quantized: bool,
     /// Dtype of dense tensors: float32, float16 or bfloat16.
     #[arg(long)]
@@ -140,15 +140,13 @@ fn report(e: &anyhow::Error) -> String {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    let filter = match &cli.command {
-        Command::Serve(a) => a.log_level.clone(),
-        _ => None,
+    let (filter, from) = match &cli.command {
+        Command::Serve(a) if a.log_level.is_some() => (a.log_level.clone().unwrap_or_default(), "--log-level"),
+        _ => (mlx_core::Settings::global().log.value.clone(), "MLX_SPEC_LOG"),
     };
-    let filter = filter.unwrap_or_else(|| mlx_core::Settings::global().log.value.clone());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter.to_lowercase()))
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_new(filter.to_lowercase())
+        .with_context(|| format!("{from} {filter:?}: expected a level (error, warn, info, debug, trace) or a tracing filter such as `server=debug`"))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     // SIGINT / SIGTERM while a model directory is written (quantize, import-gguf,
     // quantize-drafter, the default model's first import) remove its staging directory.
     // Not for `serve`, which shuts down gracefully on them (a staging directory of an

@@ -18,7 +18,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to bind (0: any free port; the listening line names it).
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, allow_negative_numbers = true)]
     port: u16,
     /// Compute dtype: `float32`, `float16`, `bfloat16` or `stored`, as for `generate`.
     #[arg(long, default_value = "float32")]
@@ -26,7 +26,7 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     drafting: DraftingArgs,
     /// `max_tokens` of requests that give none.
-    #[arg(long, short = 'm', default_value_t = server::config::DEFAULT_MAX_TOKENS)]
+    #[arg(long, short = 'm', default_value_t = server::config::DEFAULT_MAX_TOKENS, allow_negative_numbers = true)]
     max_tokens: usize,
     /// A chat template replacing the model's: the template text, or a file holding it.
     #[arg(long)]
@@ -36,10 +36,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "{}")]
     chat_template_args: String,
     /// Prompt-cache entries (0: no prompt cache).
-    #[arg(long, default_value_t = server::config::DEFAULT_PROMPT_CACHE_SIZE)]
+    #[arg(long, default_value_t = server::config::DEFAULT_PROMPT_CACHE_SIZE, allow_negative_numbers = true)]
     prompt_cache_size: usize,
     /// Prompt-cache byte budget [default: a quarter of the machine's memory].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     prompt_cache_bytes: Option<usize>,
     /// CORS origins, comma-separated (`*`: any).
     #[arg(long, value_delimiter = ',', default_value = "*")]
@@ -55,7 +55,7 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     api_key: Option<String>,
     /// Requests that may wait while one runs; more are answered 503 with Retry-After.
-    #[arg(long, default_value_t = server::config::DEFAULT_MAX_QUEUE)]
+    #[arg(long, default_value_t = server::config::DEFAULT_MAX_QUEUE, allow_negative_numbers = true)]
     max_queue: usize,
     /// Accept the `x_test_fault` request field (tests only).
     #[arg(long, hide = true)]
@@ -71,12 +71,7 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
         Ok(serde_json::Value::Object(map)) => map,
         _ => bail!("--chat-template-args {}: expected a JSON object", a.chat_template_args),
     };
-    let chat_template = match a.chat_template {
-        Some(t) if std::path::Path::new(&t).is_file() => {
-            Some(std::fs::read_to_string(&t).with_context(|| format!("reading --chat-template {t}"))?)
-        }
-        other => other,
-    };
+    let chat_template = a.chat_template.as_deref().map(chat_template).transpose()?;
     let model_dir = target_dir(a.model.as_deref())?;
     let config = ServeConfig {
         host: a.host,
@@ -96,4 +91,19 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
         ..ServeConfig::new(model_dir)
     };
     server::run(config)
+}
+
+/// `--chat-template`: a file holding the template, or the template text (mlx_lm.server's
+/// form); refused when it is neither (a file that does not exist) or does not compile.
+fn chat_template(value: &str) -> Result<String> {
+    let source = if std::path::Path::new(value).is_file() {
+        std::fs::read_to_string(value).with_context(|| format!("reading --chat-template {value}"))?
+    } else if value.contains("{{") || value.contains("{%") {
+        value.to_string()
+    } else {
+        bail!("--chat-template {value:?}: no such file, and not a template either (no `{{{{` or `{{%`)");
+    };
+    models::tokenizer::Tokenizer::check_chat_template(&source)
+        .map_err(|e| anyhow::anyhow!("--chat-template {value:?}: the template does not compile: {e}"))?;
+    Ok(source)
 }

@@ -70,4 +70,35 @@ fn bad_serve_flags_are_refused_before_loading() {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).args(["serve", "--draft-kind", "model"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--draft-model"));
+    // Each refused naming its flag (before: a warning and a server that started; a missing
+    // file taken as the template's text; a syntax error found on every request).
+    let cases: [(&[&str], &str); 4] = [
+        (&["--log-level", "nonsense=[("], "--log-level"),
+        (&["--chat-template", "./missing.jinja"], "no such file, and not a template"),
+        (&["--chat-template", "{% for m in messages %}"], "does not compile"),
+        (&["--max-queue", "-1"], "'--max-queue <MAX_QUEUE>'"),
+    ];
+    for (args, expected) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec")).arg("serve").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_model_that_fails_to_load_ends_serve_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/llama");
+    std::fs::copy(fixture.join("config.json"), dir.path().join("config.json")).unwrap();
+    let weights = std::fs::read(fixture.join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), &weights[..1000]).unwrap();
+    test_support::dspark::write_byte_tokenizer(dir.path()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(["serve", "--port", "0", "--model", dir.path().to_str().unwrap()])
+        .env_remove("MLX_SPEC_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("loading the model failed") && stderr.contains("model.safetensors"), "{stderr}");
 }

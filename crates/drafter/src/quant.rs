@@ -38,8 +38,8 @@ pub struct LoadSmoke {
 /// wrong layout fails here and not at serving time.
 ///
 /// # Errors
-/// Every load error of [`Drafter::load`]; [`Error::Invalid`] when the projection has
-/// another shape.
+/// Every load error of [`Drafter::load`]; [`Error::Unsupported`] naming `dir` when the
+/// projection has another shape.
 pub fn load_smoke(dir: &Path) -> Result<LoadSmoke> {
     let d = Drafter::load(dir, &LoadOptions::default())?;
     let width = d.config().feature_width() as i32;
@@ -79,7 +79,9 @@ pub struct QuantizeDrafterResult {
 ///
 /// # Errors
 /// [`Error::Invalid`] for other bits / group sizes, a `dst` that exists without `force`, or
-/// a source that is already quantized; [`Error::Unsupported`] for a checkpoint that is not a
+/// a source that is already quantized; [`Error::Mlx`] ([`mlx_core::Error::File`]) for a
+/// `dst` that is, holds or lies inside `src`, with `force` or not; the load errors of
+/// [`load_smoke`] on the source (its config and weights disagree: named in `src`); [`Error::Unsupported`] for a checkpoint that is not a
 /// DeepSpec drafter (the message points to `mlx-spec quantize`); [`Error::Quantize`] for the
 /// quantizer's own failures (unreadable tensors, unwritable destination); the load errors of
 /// [`load_smoke`]. On any error nothing is left at `dst` and no staging directory remains.
@@ -110,6 +112,10 @@ pub fn quantize_drafter_dir(
             src.display()
         )));
     }
+    mlx_core::io::model_dir::check_apart(src, dst)?;
+    // A source whose config and weights disagree is refused naming the source, before any
+    // work (the same check on the output would name the output).
+    load_smoke(src)?;
     if dst.exists() && !force {
         return Err(Error::Invalid(format!("{} exists; pass --force to replace it", dst.display())));
     }

@@ -406,20 +406,16 @@ fn destination_err(e: mlx_core::Error) -> Error {
     }
 }
 
-/// Refuses an existing destination (unless `force`, and then only a directory that is not
-/// the source).
+/// Refuses a destination that is, holds or lies inside the source, and an existing one
+/// unless `force` (and then only a model directory or an empty one).
 fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
-    let dest_err = |message: String| Error::Destination { path: dst.into(), message };
+    model_dir::check_apart(src, dst).map_err(destination_err)?;
     if std::fs::symlink_metadata(dst).is_ok() {
         if !force {
-            return Err(dest_err("already exists; pass --force to replace it".into()));
+            let message = "already exists; pass --force to replace it".into();
+            return Err(Error::Destination { path: dst.into(), message });
         }
-        if let (Ok(a), Ok(b)) = (src.canonicalize(), dst.canonicalize())
-            && a.starts_with(&b)
-        {
-            return Err(dest_err("is the source directory or holds it; write the quantized model elsewhere".into()));
-        }
-        mlx_core::io::model_dir::check_replaceable(dst).map_err(destination_err)?;
+        model_dir::check_replaceable(dst).map_err(destination_err)?;
     }
     Ok(())
 }

@@ -137,7 +137,17 @@ fn destination_exists() {
     assert!(err.contains("is the source"), "{err}");
     // nor a directory that holds the source, nor one that is not a model output
     let err = quantize_model_dir(&src, tmp.path(), &options, &mut |_| {}).unwrap_err().to_string();
-    assert!(err.contains("holds it"), "{err}");
+    assert!(err.contains("holds the source"), "{err}");
+    // nor a directory inside the source, with force or not (it would be written into it)
+    for force in [false, true] {
+        let options = QuantizeOptions { force, ..QuantizeOptions::default() };
+        let err = quantize_model_dir(&src, &src.join("q4"), &options, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("lies inside the source"), "{err}");
+        // and the source itself is refused as such, not as "already exists"
+        let err = quantize_model_dir(&src, &src, &options, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("is the source"), "{err}");
+    }
+    assert!(!src.join("q4").exists());
     let err = quantize_model_dir(&src, &dst, &options, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("neither a model directory") && err.contains("out"), "{err}");
     assert_eq!(entries(&dst), ["keep.txt"]);

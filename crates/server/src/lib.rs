@@ -37,7 +37,7 @@ pub use config::ServeConfig;
 pub use error::ApiError;
 
 use crate::backend::{LoadSpec, SpecBackend, offered_kinds};
-use crate::engine::EngineHandle;
+use crate::engine::{EngineHandle, Health};
 use crate::metrics::Metrics;
 use crate::openai::Limits;
 use crate::routes::AppState;
@@ -142,7 +142,8 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
 
 /// The command line's entry point: starts the server, prints
 /// `mlx-spec serve: listening on http://HOST:PORT` on stderr once the socket is bound, and
-/// serves until SIGINT or SIGTERM.
+/// serves until SIGINT or SIGTERM, or until the model fails to load (then it returns the
+/// engine's message as the error).
 ///
 /// # Errors
 /// As [`start`].
@@ -151,10 +152,31 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let server = start(config).await?;
         eprintln!("mlx-spec serve: listening on {}", server.url());
-        shutdown_signal().await;
+        // A model that fails to load ends the command (as mlx_lm.server and vLLM do); an
+        // engine that dies later keeps answering /health with why.
+        let failed = tokio::select! {
+            () = shutdown_signal() => None,
+            why = load_failure(&server.engine) => Some(why),
+        };
         eprintln!("mlx-spec serve: shutting down");
-        Ok(())
+        server.shutdown().await?;
+        match failed {
+            Some(why) => Err(anyhow::anyhow!("{why}")),
+            None => Ok(()),
+        }
     })
+}
+
+/// Resolves with the engine's message when the model fails to load; pends forever once it
+/// is ready.
+async fn load_failure(engine: &EngineHandle) -> String {
+    loop {
+        match engine.health() {
+            Health::Loading => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Health::Ready => std::future::pending::<()>().await,
+            Health::Dead(why) => return why,
+        }
+    }
 }
 
 async fn shutdown_signal() {

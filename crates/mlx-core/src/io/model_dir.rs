@@ -425,6 +425,54 @@ impl Drop for StagedDir {
     }
 }
 
+/// Refuses a destination that is, holds, or lies inside `source` (a file or a directory),
+/// comparing the paths with symlinks resolved (a destination that does not exist yet is
+/// resolved through its nearest existing ancestor). `--force` does not change this: writing
+/// or replacing such a destination would destroy the input or write into it.
+///
+/// # Errors
+/// [`Error::File`] naming `dst`, the source and which of the three it is.
+pub fn check_apart(source: &Path, dst: &Path) -> Result<()> {
+    let (s, d) = (resolve(source), resolve(dst));
+    let why = if s == d {
+        "is the source"
+    } else if s.starts_with(&d) {
+        "holds the source"
+    } else if d.starts_with(&s) {
+        "lies inside the source"
+    } else {
+        return Ok(());
+    };
+    Err(file_err(
+        dst,
+        format!(
+            "{why} {}; write the output elsewhere (an input is never replaced or written into, not even with \
+             --force)",
+            source.display()
+        ),
+    ))
+}
+
+/// `path` absolute, with symlinks resolved as far as it exists and the missing rest
+/// appended (as given when even the root cannot be resolved).
+fn resolve(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = abs.as_path();
+    let mut missing = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return missing.iter().rev().fold(real, |p, name| p.join(name));
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                missing.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
 /// Refuses to replace `dst` unless it is a model directory (it holds `config.json`) or an
 /// empty directory: `--force` replaces an earlier output, never a directory that merely
 /// contains one (`--out .`, `--out ~`, the parent of the source).
@@ -526,6 +574,35 @@ pub fn clean_up_on_signals() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_destination_apart_from_its_source_passes_and_no_other() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let src = root.join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("model.gguf"), b"x").unwrap();
+        std::os::unix::fs::symlink(&src, root.join("link")).unwrap();
+        let gguf = src.join("model.gguf");
+        for (s, d, why) in [
+            (&src, src.clone(), "is the source"),
+            (&src, root.join("link"), "is the source"),
+            (&src, root.to_path_buf(), "holds the source"),
+            (&gguf, src.clone(), "holds the source"),
+            (&gguf, root.join("link"), "holds the source"),
+            (&src, src.join("q4"), "lies inside the source"),
+            (&src, root.join("link/new/deeper"), "lies inside the source"),
+            (&src, src.join("sub/q4"), "lies inside the source"),
+        ] {
+            let e = check_apart(s, &d).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains(&d.display().to_string()), "{} -> {}: {e}", s.display(), d.display());
+        }
+        for d in [root.join("out"), root.join("src2"), root.join("new/src")] {
+            check_apart(&src, &d).unwrap();
+        }
+        check_apart(&gguf, &src.join("model.gguf.d")).unwrap();
+        check_apart(&gguf, &root.join("out")).unwrap();
+    }
 
     #[test]
     fn shards_follow_mlx_lm() {

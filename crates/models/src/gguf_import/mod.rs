@@ -247,6 +247,8 @@ fn reader_err(e: mlx_core::Error) -> Error {
 /// All arrays are built on the calling thread (MLX arrays are thread-bound).
 ///
 /// # Errors
+/// - [`Error::Mlx`] ([`mlx_core::Error::File`] naming `out_dir`) when `out_dir` is, holds
+///   or lies inside a part ([`mlx_core::io::model_dir::check_apart`]), with `force` or not;
 /// - [`Error::Gguf`] naming the file when `out_dir` exists and `options.force` is off (or
 ///   it is not a directory), for every problem [`GgufFile::open`] reports (not GGUF,
 ///   truncated, parts out of order, unknown tensor type id, a part that cannot be read),
@@ -270,6 +272,9 @@ pub fn import_gguf(
 ) -> Result<ImportSummary> {
     let t0 = Instant::now();
     let (dtype, scale_dtype, quantize) = check_options(options)?;
+    for part in parts {
+        mlx_core::io::model_dir::check_apart(part, out_dir)?;
+    }
     check_out_dir(out_dir, options.force)?;
 
     if parts.is_empty() {

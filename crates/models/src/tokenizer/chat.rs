@@ -63,6 +63,11 @@ impl ChatTemplate {
         self.fuel
     }
 
+    /// The compile error of the template, if it has one.
+    pub(crate) fn compile_error(&self) -> Option<&str> {
+        self.env.as_ref().err().map(String::as_str)
+    }
+
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],

@@ -358,6 +358,19 @@ impl Tokenizer {
         self
     }
 
+    /// Checks that `source` compiles as a chat template (with the same environment as
+    /// [`Self::apply_chat_template`]), so that a server can refuse a bad `--chat-template`
+    /// at start rather than on every request.
+    ///
+    /// # Errors
+    /// minijinja's message (with the line) when it does not compile.
+    pub fn check_chat_template(source: &str) -> std::result::Result<(), String> {
+        match chat::ChatTemplate::new(source.to_string(), PathBuf::new(), RENDER_FUEL).compile_error() {
+            Some(e) => Err(e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     /// This tokenizer with a work limit of `fuel` minijinja instructions per chat-template
     /// rendering instead of [`RENDER_FUEL`] (about one unit per template instruction;
     /// a rendering that runs out fails with [`Error::Tokenizer`] saying so). A server that
