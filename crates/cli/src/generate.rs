@@ -150,6 +150,26 @@ fn check_context(prompt: usize, max_tokens: usize, context: Option<usize>) -> Re
     Ok(())
 }
 
+/// A warning when no EOS id can ever be sampled (none, or all past the vocabulary):
+/// generation then stops only at `--max-tokens`.
+fn eos_warning(eos: &[u32], vocab_size: usize) -> Option<String> {
+    let outside: Vec<u32> = eos.iter().copied().filter(|&e| e as usize >= vocab_size).collect();
+    if eos.is_empty() {
+        Some(
+            "warning: the model names no EOS token (eos_token_id in config.json or generation_config.json, \
+              eos_token in tokenizer_config.json): generation stops only at --max-tokens"
+                .into(),
+        )
+    } else if outside.len() == eos.len() {
+        Some(format!(
+            "warning: every EOS id {outside:?} (eos_token_id in config.json / generation_config.json) is outside \
+             the vocabulary of {vocab_size}: generation stops only at --max-tokens"
+        ))
+    } else {
+        None
+    }
+}
+
 /// One warning for a compute dtype that is far slower than float32 on the CPU.
 fn warn_slow_dtype(dtype: &str) {
     if mlx_core::backend() == mlx_core::Backend::Cpu && dtype != "float32" {
@@ -182,6 +202,9 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     check_context(ids.len(), a.max_tokens, model.config.max_position_embeddings)?;
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: a.seed };
     let params = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
+    if let Some(w) = eos_warning(&params.eos, model.config.vocab_size) {
+        eprintln!("{w}");
+    }
 
     // A bar on a terminal for a long prompt, cleared by the prefill's last report.
     let mut bar_progress = crate::progress::prefill_progress(ids.len());
@@ -324,7 +347,7 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::draft_cap_warning;
+    use super::{draft_cap_warning, eos_warning};
 
     #[test]
     fn the_draft_cap_warning_names_the_reach_only_when_it_caps() {
@@ -332,5 +355,14 @@ mod tests {
         assert_eq!(draft_cap_warning(32, Some(32)), None);
         let w = draft_cap_warning(64, Some(32)).unwrap();
         assert!(w.starts_with("warning: 64 draft tokens") && w.contains("(32 positions)"), "{w}");
+    }
+
+    #[test]
+    fn eos_ids_that_cannot_be_sampled_are_said() {
+        assert_eq!(eos_warning(&[2], 32), None);
+        assert_eq!(eos_warning(&[2, 999], 32), None, "one reachable EOS is enough");
+        let w = eos_warning(&[999], 32).unwrap();
+        assert!(w.contains("[999]") && w.contains("vocabulary of 32") && w.contains("eos_token_id"), "{w}");
+        assert!(eos_warning(&[], 32).unwrap().contains("no EOS token"));
     }
 }

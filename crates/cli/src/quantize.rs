@@ -4,7 +4,7 @@
 //! ([`drafter::quant::quantize_drafter_dir`]).
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::ProgressBar;
 use quantize::{Action, Progress, QuantizeOptions, QuantizeResult, quantize_model_dir};
@@ -38,6 +38,15 @@ pub struct QuantizeArgs {
 /// Runs the command: a progress bar on stderr, a summary line at the end.
 pub fn run(a: QuantizeArgs) -> Result<()> {
     let _ = a.quantize;
+    // The mirror of quantize-drafter refusing a model: a drafter quantized as a model would
+    // have its confidence head quantized too.
+    if drafter::DrafterConfig::from_dir(&a.hf_path).is_ok() {
+        bail!(
+            "{} is a DeepSpec drafter: quantize it with `mlx-spec quantize-drafter --src {0} --out DST`, which \
+             keeps its confidence head dense and checks that it loads",
+            a.hf_path.display()
+        );
+    }
     let options = QuantizeOptions {
         bits: a.q_bits,
         group_size: a.q_group_size,

@@ -84,6 +84,12 @@ fn quantize_and_quantize_drafter_never_write_into_their_source() {
             assert!(code == Some(1) && stderr.contains(why), "{args:?}: {stderr}");
         }
     }
+    // A drafter given to `quantize` is pointed to `quantize-drafter` (it would quantize the
+    // confidence head too).
+    let out = tmp.path().join("q");
+    let (code, stderr) = mlx_spec(&["quantize", "--hf-path", s(&drafter), "--mlx-path", s(&out)]);
+    assert!(code == Some(1) && stderr.contains("quantize-drafter"), "{stderr}");
+    assert!(!out.exists());
     assert_eq!(snapshot(&model), model_before);
     assert_eq!(snapshot(&drafter), drafter_before);
 }

@@ -172,7 +172,8 @@ fn random_requests_are_lossless() {
             break;
         }
         let rng_seed = RngSeed::Fixed(seed.wrapping_add(batch));
-        let mut runner = TestRunner::new(Config { cases: BATCH, rng_seed, failure_persistence: None, ..default.clone() });
+        let mut runner =
+            TestRunner::new(Config { cases: BATCH, rng_seed, failure_persistence: None, ..default.clone() });
         runner
             .run(&case(), |c| {
                 let t0 = std::time::Instant::now();
@@ -184,7 +185,8 @@ fn random_requests_are_lossless() {
             .unwrap_or_else(|e| panic!("seed {seed}, batch {batch}: {e}"));
         eprintln!("batch {batch}: {} tokens", tokens());
     }
-    for (name, (cases, tokens, secs)) in ["tiny llama", "DSpark pair", "SmolLM2-135M"].iter().zip(tally.borrow().iter()) {
+    for (name, (cases, tokens, secs)) in ["tiny llama", "DSpark pair", "SmolLM2-135M"].iter().zip(tally.borrow().iter())
+    {
         eprintln!("{name:>12}: {cases} requests, {tokens} speculative tokens equal to plain decoding, {secs:.1} s");
     }
     eprintln!("lossless soak: {} tokens in all (seed {seed})", tokens());

@@ -308,7 +308,10 @@ pub fn import_gguf(
             config.insert("quantization_config".into(), q.clone());
         }
         write_json(&dir.join("config.json"), &Value::Object(config.into_iter().collect()))?;
-        write_json(&dir.join("generation_config.json"), &Value::Object(hp.generation_config(&g).into_iter().collect()))?;
+        write_json(
+            &dir.join("generation_config.json"),
+            &Value::Object(hp.generation_config(&g).into_iter().collect()),
+        )?;
         if let Some(t) = &tokenizer {
             write_text(&dir.join("tokenizer.json"), &t.tokenizer_json)?;
             write_text(&dir.join("tokenizer_config.json"), &t.tokenizer_config_json)?;
