@@ -140,9 +140,13 @@ fn report(e: &anyhow::Error) -> String {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    let (filter, from) = match &cli.command {
-        Command::Serve(a) if a.log_level.is_some() => (a.log_level.clone().unwrap_or_default(), "--log-level"),
-        _ => (mlx_core::Settings::global().log.value.clone(), "MLX_SPEC_LOG"),
+    let flag = match &cli.command {
+        Command::Serve(a) => a.log_level.clone(),
+        _ => None,
+    };
+    let (filter, from) = match flag {
+        Some(level) => (level, "--log-level"),
+        None => (mlx_core::Settings::global().log.value.clone(), "MLX_SPEC_LOG"),
     };
     let filter = tracing_subscriber::EnvFilter::try_new(filter.to_lowercase())
         .with_context(|| format!("{from} {filter:?}: expected a level (error, warn, info, debug, trace) or a tracing filter such as `server=debug`"))?;
