@@ -146,7 +146,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
 /// engine's message as the error).
 ///
 /// # Errors
-/// As [`start`].
+/// As [`start`]; the model's load failure (with the engine's message).
 pub fn run(config: ServeConfig) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("the tokio runtime")?;
     runtime.block_on(async move {

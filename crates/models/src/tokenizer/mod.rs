@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use crate::{Error, Result};
 
 mod chat;
-pub use chat::RENDER_FUEL;
 mod gguf;
 
+pub use chat::RENDER_FUEL;
 pub use gguf::{SUPPORTED_PRE, tokenizer_files_from_gguf};
 
 /// A [`Error::Tokenizer`] naming `path`.
