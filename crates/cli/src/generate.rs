@@ -174,8 +174,8 @@ fn eos_warning(eos: &[u32], vocab_size: usize) -> Option<String> {
 fn warn_slow_dtype(dtype: &str) {
     if mlx_core::backend() == mlx_core::Backend::Cpu && dtype != "float32" {
         eprintln!(
-            "warning: --dtype {dtype} on the CPU runs about 100x slower than float32 (no fast f16/bf16 kernels \
-             there); drop --dtype to compute in float32"
+            "warning: --dtype {dtype} on the CPU runs 100x to 1000x slower than float32 (no fast f16/bf16 \
+             kernels there: a short prompt can take minutes); drop --dtype to compute in float32"
         );
     }
 }

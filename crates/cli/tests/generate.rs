@@ -227,7 +227,7 @@ fn silent_surprises_are_said() {
         ["--model", dir, "--ignore-chat-template", "-p", "Hi", "-m", "1", "--dtype", "float16", "--draft-kind", "none"];
     let out = mlx_spec(&args, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.matches("about 100x slower").count() == 1, "{stderr}");
+    assert!(out.status.success() && stderr.matches("100x to 1000x slower").count() == 1, "{stderr}");
     // A model directory without a chat template: the prompt goes in as text, with a warning.
     let tmp = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(&model).unwrap() {
