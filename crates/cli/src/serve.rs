@@ -94,16 +94,14 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
 }
 
 /// `--chat-template`: a file holding the template, or the template text (mlx_lm.server's
-/// form); refused when it is neither (a file that does not exist) or does not compile.
+/// form); refused when it is neither (a file that does not exist). Whether it compiles is
+/// checked where the server loads the tokenizer ([`server::load_tokenizer`]).
 fn chat_template(value: &str) -> Result<String> {
-    let source = if std::path::Path::new(value).is_file() {
-        std::fs::read_to_string(value).with_context(|| format!("reading --chat-template {value}"))?
+    if std::path::Path::new(value).is_file() {
+        std::fs::read_to_string(value).with_context(|| format!("reading --chat-template {value}"))
     } else if value.contains("{{") || value.contains("{%") {
-        value.to_string()
+        Ok(value.to_string())
     } else {
         bail!("--chat-template {value:?}: no such file, and not a template either (no `{{{{` or `{{%`)");
-    };
-    models::tokenizer::Tokenizer::check_chat_template(&source)
-        .map_err(|e| anyhow::anyhow!("--chat-template {value:?}: the template does not compile: {e}"))?;
-    Ok(source)
+    }
 }

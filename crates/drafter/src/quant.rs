@@ -78,13 +78,14 @@ pub struct QuantizeDrafterResult {
 /// `force`, refused otherwise). `progress` receives the quantizer's events.
 ///
 /// # Errors
-/// [`Error::Invalid`] for other bits / group sizes, a `dst` that exists without `force`, or
-/// a source that is already quantized; [`Error::Mlx`] ([`mlx_core::Error::File`]) for a
-/// `dst` that is, holds or lies inside `src`, with `force` or not; the load errors of
-/// [`load_smoke`] on the source (its config and weights disagree: named in `src`); [`Error::Unsupported`] for a checkpoint that is not a
-/// DeepSpec drafter (the message points to `mlx-spec quantize`); [`Error::Quantize`] for the
-/// quantizer's own failures (unreadable tensors, unwritable destination); the load errors of
-/// [`load_smoke`]. On any error nothing is left at `dst` and no staging directory remains.
+/// [`Error::Invalid`] for other bits / group sizes or a source that is already quantized;
+/// [`Error::Unsupported`] for a checkpoint that is not a DeepSpec drafter (the message points
+/// to `mlx-spec quantize`); the load errors of [`load_smoke`] on the source (its config and
+/// weights disagree: named in `src`) and on the output (named in `dst`); [`Error::Quantize`]
+/// for the quantizer's own failures: a `dst` that exists without `force`, that is not a model
+/// directory, or that is, holds or lies inside `src` (with `force` or not), unreadable
+/// tensors, an unwritable destination. On any error nothing is left at `dst` and no staging
+/// directory remains.
 pub fn quantize_drafter_dir(
     src: &Path,
     dst: &Path,
@@ -112,13 +113,10 @@ pub fn quantize_drafter_dir(
             src.display()
         )));
     }
-    mlx_core::io::model_dir::check_apart(src, dst)?;
     // A source whose config and weights disagree is refused naming the source, before any
-    // work (the same check on the output would name the output).
+    // work (the same check on the output would name the output). The destination is checked
+    // by the quantizer (`quantize::quantize_to_staging`), before it writes anything.
     load_smoke(src)?;
-    if dst.exists() && !force {
-        return Err(Error::Invalid(format!("{} exists; pass --force to replace it", dst.display())));
-    }
     let options = QuantizeOptions {
         bits,
         group_size,

@@ -75,13 +75,16 @@ impl Server {
 /// when given (`--chat-template`).
 ///
 /// # Errors
-/// The tokenizer does not load.
+/// The tokenizer does not load; `template` does not compile (refused here, at start, rather
+/// than on every request).
 pub fn load_tokenizer(dir: &Path, template: Option<&str>) -> anyhow::Result<Tokenizer> {
     let tok = Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-    Ok(match template {
-        Some(t) => tok.with_chat_template(t.to_string(), "--chat-template"),
-        None => tok,
-    })
+    let Some(t) = template else { return Ok(tok) };
+    let tok = tok.with_chat_template(t.to_string(), "--chat-template");
+    if let Some(e) = tok.chat_template_error() {
+        anyhow::bail!("--chat-template: the template does not compile: {e}");
+    }
+    Ok(tok)
 }
 
 /// Starts the server in the current tokio runtime: loads the tokenizer, starts the engine

@@ -358,17 +358,11 @@ impl Tokenizer {
         self
     }
 
-    /// Checks that `source` compiles as a chat template (with the same environment as
-    /// [`Self::apply_chat_template`]), so that a server can refuse a bad `--chat-template`
-    /// at start rather than on every request.
-    ///
-    /// # Errors
-    /// minijinja's message (with the line) when it does not compile.
-    pub fn check_chat_template(source: &str) -> std::result::Result<(), String> {
-        match chat::ChatTemplate::new(source.to_string(), PathBuf::new(), RENDER_FUEL).compile_error() {
-            Some(e) => Err(e.to_string()),
-            None => Ok(()),
-        }
+    /// Why the chat template does not compile (minijinja's message, with the line), if it
+    /// does not; `None` when it compiles or there is none. [`Self::apply_chat_template`]
+    /// reports the same error; a server can refuse a bad `--chat-template` at start with this.
+    pub fn chat_template_error(&self) -> Option<&str> {
+        self.chat.as_ref().and_then(|c| c.compile_error())
     }
 
     /// This tokenizer with a work limit of `fuel` minijinja instructions per chat-template
