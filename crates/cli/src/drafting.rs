@@ -43,11 +43,12 @@ pub(crate) struct DraftingArgs {
     /// `constant` (all of them) [default: heuristic].
     #[arg(long, value_parser = listed::<DraftSchedule>(&["heuristic", "constant"]))]
     ngram_schedule: Option<DraftSchedule>,
-    /// How many drafts a round verifies, with the suffix drafter or a draft model:
-    /// `adaptive` (the cost-aware policy: the window that maximises expected tokens per unit
-    /// of the target's measured verify cost, none when no window pays) or `fixed` (every
-    /// proposed token up to --num-draft-tokens) [default: adaptive for suffix, fixed for a
-    /// draft model].
+    /// How many drafts a round verifies, with the suffix drafter, a draft model or a DSpark
+    /// drafter: `adaptive` (the cost-aware policy: the window that maximises expected tokens
+    /// per unit of the target's measured verify cost, none when no window pays; a draft
+    /// model stops drafting, and a DSpark block is cut, where the drafter's own rating of the
+    /// next draft says it no longer pays) or `fixed` (every proposed token up to
+    /// --num-draft-tokens) [default: adaptive for suffix, fixed for a draft model or DSpark].
     #[arg(long, value_parser = listed::<DraftLength>(&["adaptive", "fixed"]))]
     draft_length: Option<DraftLength>,
     /// How drafts are accepted when sampling (--temp > 0): `exact` (the token plain decoding

@@ -9,7 +9,6 @@
 //! compute. A step has no other host synchronization.
 use std::time::Instant;
 
-use mlx_core::random::categorical;
 use mlx_core::{Array, Dtype, async_eval, memory};
 
 use crate::sampling::Sampler;
@@ -126,13 +125,7 @@ pub fn queue_step(
 ) -> Result<QueuedStep> {
     let logits = model.forward(input, cache)?;
     let last = logits.slice_axis(1, -1, i32::MAX)?.astype(Dtype::Float32)?;
-    let s = &params.sampler;
-    let tok = if s.is_greedy() {
-        last.reshape(&[-1])?.argmax(0, false)?
-    } else {
-        categorical(&s.logprobs(&last)?, 0, &s.key(step))?
-    };
-    let token = tok.astype(Dtype::Uint32)?.reshape(&[1, 1])?;
+    let token = params.sampler.sample_lazy(&last, step)?.reshape(&[1, 1])?;
     async_eval(&[&token])?;
     Ok(QueuedStep { logits: last, token })
 }

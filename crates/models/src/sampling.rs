@@ -108,11 +108,21 @@ impl Sampler {
     /// # Errors
     /// [`crate::Error::Mlx`] for a malformed `logits` array.
     pub fn sample(&self, logits: &Array, step: usize) -> Result<u32> {
+        Ok(self.sample_lazy(logits, step)?.to_vec::<u32>()?[0])
+    }
+
+    /// [`Sampler::sample`] without reading the result: the token of step `step` as a lazy
+    /// uint32 scalar (argmax, or `categorical` of [`Sampler::logprobs`] with the key of
+    /// `step`), so several positions can be evaluated with one synchronisation.
+    ///
+    /// # Errors
+    /// As [`Sampler::sample`].
+    pub fn sample_lazy(&self, logits: &Array, step: usize) -> Result<Array> {
         let tok = if self.is_greedy() {
             logits.reshape(&[-1])?.argmax(0, false)?
         } else {
             categorical(&self.logprobs(logits)?, 0, &self.key(step))?
         };
-        Ok(tok.astype(Dtype::Uint32)?.to_vec::<u32>()?[0])
+        Ok(tok.astype(Dtype::Uint32)?)
     }
 }

@@ -126,6 +126,10 @@ struct Arm {
     accepted: usize,
     drafted: usize,
     mismatches: usize,
+    /// The executor's phases summed over runs, milliseconds ([`spec::RoundProfile`]), and
+    /// the executor's decode time.
+    phases_ms: [f64; 7],
+    executor_decode_ms: f64,
 }
 
 impl Arm {
@@ -321,6 +325,10 @@ fn main() -> Result<()> {
                     arm.rounds += stats.rounds;
                     arm.accepted += stats.accepted;
                     arm.drafted += stats.drafted;
+                    for (sum, (_, ms)) in arm.phases_ms.iter_mut().zip(stats.profile.phases()) {
+                        *sum += ms;
+                    }
+                    arm.executor_decode_ms += stats.decode_ms;
                     row[format!("{}_tau", arms[slot])] = stats.tau.into();
                     row[format!("{}_predicted", arms[slot])] = predicted_ratio(&curve, stats).into();
                     row[format!("{}_fallback_at", arms[slot])] = stats.fallback_at.into();
@@ -357,6 +365,27 @@ fn main() -> Result<()> {
                 tau,
                 rate,
                 arm.mismatches
+            );
+        }
+    }
+    // Where each speculative arm's decode time went, per emitted token (plain decoding's
+    // whole step for comparison): the forward is the cost model's part, the rest its gap.
+    let names = spec::RoundProfile::default().phases().map(|(name, _)| name);
+    println!("\nround profile, ms per emitted token (plain: {:.3} ms):", 1e3 / sums_plain_tps(&totals));
+    println!("{:<10} {:<22} {}  other", "prompts", "arm", names.map(|n| format!("{n:>8}")).join(" "));
+    for (kind, sums) in &totals {
+        for (i, arm) in sums.iter().enumerate().skip(1) {
+            if arm.tokens == 0 || arm.executor_decode_ms == 0.0 {
+                continue;
+            }
+            let per = |ms: f64| ms / arm.tokens as f64;
+            let other = arm.executor_decode_ms - arm.phases_ms.iter().sum::<f64>();
+            println!(
+                "{:<10} {:<22} {} {:>8.3}",
+                format!("{kind:?}").to_lowercase(),
+                arms[i],
+                arm.phases_ms.map(|ms| format!("{:>8.3}", per(ms))).join(" "),
+                per(other)
             );
         }
     }
@@ -423,6 +452,12 @@ fn main() -> Result<()> {
         bail!("a speculative output differed from plain decoding");
     }
     Ok(())
+}
+
+/// Plain decoding's tokens/s over every prompt kind.
+fn sums_plain_tps(totals: &[(PromptKind, Vec<Arm>)]) -> f64 {
+    let (tokens, s) = totals.iter().fold((0, 0.0), |(t, s), (_, arms)| (t + arms[0].tokens, s + arms[0].decode_s));
+    tokens as f64 / s.max(1e-9)
 }
 
 /// The two-turn edit sessions: turn 1 answers `p` (plain decoding, and through the

@@ -18,12 +18,27 @@
 //!   its taps at window positions `0 ..= a` (the anchor and the accepted drafts) are now
 //!   committed and become exactly `a + 1` new context rows. The bonus or correction token
 //!   is the next anchor; its hidden state arrives with the next verify.
+use std::sync::{Arc, Mutex};
+
 use drafter::{DraftContext, Drafter};
 use mlx_core::Array;
 use models::{Sampler, Transformer};
 
 use crate::error::Context;
+use crate::policy::{AcceptanceModel, CostCurve, CostModel, Origin, SurvivalKey, keep_drafting};
 use crate::{DraftProvider, DraftSnapshot, DraftSource, Error, Result};
+
+/// The key of a DSpark drafter's per-position survival estimates (the drafts after the one
+/// being rated, [`keep_drafting`]'s `later`).
+const BLOCK_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4, continues: false };
+
+/// The cost-aware length policy of a DSpark provider: the target's cost curve and the
+/// acceptance estimates its sources share.
+#[derive(Debug)]
+struct BlockPolicy {
+    target: CostModel,
+    acceptance: Arc<Mutex<AcceptanceModel>>,
+}
 
 /// Holds a loaded [`Drafter`] and opens a [`DSparkSource`] per request.
 pub struct DSparkProvider {
@@ -31,6 +46,7 @@ pub struct DSparkProvider {
     name: String,
     confidence_threshold: f32,
     tap_layers: Vec<usize>,
+    policy: Option<BlockPolicy>,
 }
 
 impl DSparkProvider {
@@ -53,7 +69,7 @@ impl DSparkProvider {
             });
         }
         let tap_layers = ids.iter().map(|&l| l as usize).collect();
-        Ok(DSparkProvider { drafter, name, confidence_threshold: 0.0, tap_layers })
+        Ok(DSparkProvider { drafter, name, confidence_threshold: 0.0, tap_layers, policy: None })
     }
 
     /// Truncates each block before the first position whose confidence (the per-position
@@ -62,6 +78,20 @@ impl DSparkProvider {
     /// confidence head (DFlash).
     pub fn with_confidence_threshold(mut self, threshold: f32) -> Self {
         self.confidence_threshold = threshold;
+        self
+    }
+
+    /// The same provider under the cost-aware length policy ([`crate::policy`]): each block
+    /// is cut where [`keep_drafting`] stops, walking its slots in order, with slot `k`'s
+    /// acceptance estimated from its rating (the confidence head's sigmoid; for a drafter
+    /// without one, the largest probability of the slot's distribution), calibrated online
+    /// by this provider's rounds ([`SurvivalKey::rated`]), and `t` the target's curve. The
+    /// block itself is one drafter pass whatever its length, so drafting costs nothing in
+    /// the choice. A slot's rating depends on the drafts before it only (the head reads
+    /// `[h_k; W1[d_{k-1}]]`), so the cut is a stopping time: exact under both acceptance
+    /// rules; `--confidence-threshold` is the special case of a fixed cut-off.
+    pub fn with_policy(mut self, target: CostModel) -> Self {
+        self.policy = Some(BlockPolicy { target, acceptance: Arc::default() });
         self
     }
 
@@ -80,7 +110,20 @@ impl DraftProvider for DSparkProvider {
     /// [`Error::Incompatible`] naming both sides when the drafter's `num_target_layers`,
     /// hidden size or vocabulary does not fit `target`.
     fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
-        Ok(Box::new(DSparkSource::new(self, target)?.with_sampler(sampler.clone())))
+        let mut source = DSparkSource::new(self, target)?.with_sampler(sampler.clone());
+        if let Some(p) = &self.policy {
+            source.policy = Some((p.target.curve(target)?, p.acceptance.clone()));
+        }
+        Ok(Box::new(source))
+    }
+
+    fn describe_policy(&self) -> Option<serde_json::Value> {
+        let p = self.policy.as_ref()?;
+        Some(serde_json::json!({
+            "policy": "cost-aware",
+            "cost_curve": p.target.current()?.describe(),
+            "survival": p.acceptance.lock().ok()?.describe(),
+        }))
     }
 }
 
@@ -98,6 +141,10 @@ pub struct DSparkSource<'a> {
     last_drafts: Vec<u32>,
     /// The Markov-corrected logits `[1, B, V]` of the last block, when sampling.
     last_logits: Option<Array>,
+    /// Under the policy: the target's cost curve and the provider's estimates.
+    policy: Option<(CostCurve, Arc<Mutex<AcceptanceModel>>)>,
+    /// Under the policy: the rating of each of `last_drafts`.
+    last_ratings: Vec<f64>,
 }
 
 impl<'a> DSparkSource<'a> {
@@ -126,6 +173,8 @@ impl<'a> DSparkSource<'a> {
             prompt_len: 0,
             last_drafts: Vec::new(),
             last_logits: None,
+            policy: None,
+            last_ratings: Vec::new(),
         })
     }
 
@@ -145,6 +194,34 @@ impl<'a> DSparkSource<'a> {
 
     fn contract(&self, message: String) -> Error {
         Error::Contract { source_name: self.name.to_string(), message }
+    }
+
+    /// The largest probability of each of the first `d` slots' distributions (the request's
+    /// [`Sampler::probs`] of the Markov-corrected logits `[1, B, V]`): the ratings of a
+    /// drafter without a confidence head.
+    fn slot_ratings(&self, logits: &Array, d: usize) -> models::Result<Vec<f64>> {
+        (0..d as i32)
+            .map(|k| {
+                let top = self.sampler.probs(&logits.slice_axis(1, k, k + 1)?)?.max(&[0], false)?;
+                Ok(f64::from(top.to_vec::<f32>()?[0]))
+            })
+            .collect()
+    }
+
+    /// Under the policy, how many of the block's drafts to propose: the first `k` whose
+    /// next slot [`keep_drafting`] declines, walking the slots in order.
+    fn policy_cut(&self, ratings: &[f64]) -> usize {
+        let Some((curve, acceptance)) = &self.policy else { return ratings.len() };
+        let acc = acceptance.lock().expect("acceptance lock");
+        let mut survival = Vec::with_capacity(ratings.len());
+        for (k, &rating) in ratings.iter().enumerate() {
+            let next = acc.conditional(SurvivalKey::rated(rating), 0);
+            if !keep_drafting(curve, &survival, next, acc.conditional(BLOCK_KEY, k + 1), ratings.len(), |_| 0.0) {
+                return k;
+            }
+            survival.push(survival.last().copied().unwrap_or(1.0) * next);
+        }
+        ratings.len()
     }
 
     /// Concatenates window rows `0 .. rows` of each tap into `[1, rows, T*H]` and appends
@@ -200,6 +277,7 @@ impl DraftSource for DSparkSource<'_> {
             )));
         }
         self.last_drafts.clear();
+        self.last_ratings.clear();
         self.last_logits = None;
         if n == 0 {
             return Ok(Vec::new());
@@ -209,6 +287,14 @@ impl DraftSource for DSparkSource<'_> {
         let p = p.context(what)?;
         let mut drafts = p.drafts;
         drafts.truncate(n);
+        if self.policy.is_some() {
+            let ratings = match &p.confidence {
+                Some(c) => c.iter().map(|&c| f64::from(c)).collect(),
+                None => self.slot_ratings(&p.logits, drafts.len()).context(what)?,
+            };
+            drafts.truncate(self.policy_cut(&ratings[..drafts.len()]));
+            self.last_ratings = ratings[..drafts.len()].to_vec();
+        }
         self.last_drafts = drafts.clone();
         if !self.sampler.is_greedy() {
             self.last_logits = Some(p.logits);
@@ -278,7 +364,15 @@ impl DraftSource for DSparkSource<'_> {
             return Err(self.contract(format!("commit({drafted}, {accepted}) without the verify window's taps")));
         };
         self.ingest(taps, accepted + 1, "commit")?;
+        if let Some((_, acceptance)) = &self.policy {
+            let mut acc = acceptance.lock().expect("acceptance lock");
+            for (j, &rating) in self.last_ratings.iter().enumerate().take(accepted + 1) {
+                acc.observe(BLOCK_KEY, j, j < accepted);
+                acc.observe(SurvivalKey::rated(rating), 0, j < accepted);
+            }
+        }
         self.last_drafts.clear();
+        self.last_ratings.clear();
         Ok(())
     }
 }

@@ -10,6 +10,7 @@ use models::{ModelCache, Sampler, Transformer};
 use crate::error::Context;
 use crate::rejection::{Acceptance, Verdict, rejection_step};
 use crate::source::DraftSnapshot;
+use crate::stats::RoundProfile;
 use crate::{DraftSource, Error, Result, SpecStats};
 
 /// Per-request options of the executor. A bare `usize` converts into options with that
@@ -314,6 +315,7 @@ pub fn run(
         let n = num_draft_tokens.min(params.max_tokens - step - 1);
         let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
+        let round = Instant::now();
         if d == 0 && pipelined && ahead.is_none() {
             ahead = Some(Ahead::queue(target, &mut cache, &ids(&[pending]).context(|| "ids".into())?, params, step)?);
             in_cache.push(pending);
@@ -341,28 +343,36 @@ pub fn run(
             count_walk(&mut stats, &walk);
             committed.extend_from_slice(&walk.emitted);
             trace_round(stats.rounds, step, &feed, &[], &walk);
+            stats.profile.plain_ms += ms_since(round);
             if walk.end != WalkEnd::Open {
                 finish = walk.end.into();
                 break;
             }
-            let c = Instant::now();
-            source.commit(0, 0, None)?;
-            stats.draft_ms += c.elapsed().as_secs_f64() * 1e3;
+            commit(source, 0, 0, None, &mut stats)?;
             (feed, pending) = (vec![t], t);
             continue;
         }
+        // Exact match samples every row with the forward (one synchronisation); the
+        // rejection rule decides from the rows themselves.
+        let first_row_step = step + usize::from(head.is_some());
+        let sampling = (!rejection).then_some((&params.sampler, first_row_step));
         let verified = match &head {
-            Some(_) => verify_drafts(target, &mut cache, &drafts, step)?,
+            Some(_) => verify_drafts(target, &mut cache, &drafts, sampling, &mut stats.profile)?,
             None => {
                 in_cache.push(pending);
-                verify(target, &mut cache, pending, &drafts, &tap_layers, step)?
+                verify(target, &mut cache, pending, &drafts, &tap_layers, sampling, &mut stats.profile)?
             }
         };
         in_cache.extend_from_slice(&drafts);
         count_round(&mut stats, d);
 
-        let head_logits = head.as_ref().map(|h| &h.logits);
-        let rows = TargetRows::new(&verified.logits, head_logits, &params.sampler, &drafts, step, rejection, &*source)?;
+        let walk_start = Instant::now();
+        let head_row = match &head {
+            Some(h) => Some((&h.logits, h.read(step)?)),
+            None => None,
+        };
+        let window = Window { logits: &verified.logits, tokens: verified.tokens.as_deref(), head: head_row };
+        let rows = TargetRows::new(window, &params.sampler, &drafts, step, rejection, &*source)?;
         let mut emit = Emitter::new(logprobs, &mut on_token);
         let walk = accept_walk(
             &drafts,
@@ -375,6 +385,7 @@ pub fn run(
         count_walk(&mut stats, &walk);
         committed.extend_from_slice(&walk.emitted);
         trace_round(stats.rounds, step, &feed, &drafts, &walk);
+        stats.profile.walk_ms += ms_since(walk_start);
         let (WalkEnd::Open, Some(closing)) = (walk.end, walk.closing) else {
             finish = walk.end.into();
             break;
@@ -383,7 +394,10 @@ pub fn run(
 
         // Roll the target cache back over the rejected drafts, exactly or not at all.
         let rollback = d - walk.accepted;
-        if !roll_back(&mut cache, rollback) {
+        let trim = Instant::now();
+        let rolled_back = roll_back(&mut cache, rollback);
+        stats.profile.rollback_ms += ms_since(trim);
+        if !rolled_back {
             tracing::debug!(
                 target: "spec::round",
                 "target cache cannot drop {rollback} positions: plain decoding from here"
@@ -394,9 +408,7 @@ pub fn run(
             break;
         }
         in_cache.truncate(in_cache.len() - rollback);
-        let t = Instant::now();
-        source.commit(d, walk.accepted, verified.taps.as_deref())?;
-        stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
+        commit(source, d, walk.accepted, verified.taps.as_deref(), &mut stats)?;
         feed = if d > 0 && walk.accepted == d { vec![drafts[d - 1], next] } else { vec![next] };
         pending = next;
     }
@@ -658,6 +670,22 @@ fn cap_at_rollback_reach(cache: &ModelCache, n: usize, stats: &mut SpecStats) ->
     n.min(reach)
 }
 
+/// Tells `source` how the round went ([`DraftSource::commit`]), timing it.
+fn commit(
+    source: &mut dyn DraftSource,
+    drafted: usize,
+    accepted: usize,
+    taps: Option<&[Array]>,
+    stats: &mut SpecStats,
+) -> Result<()> {
+    let t = Instant::now();
+    source.commit(drafted, accepted, taps)?;
+    let ms = ms_since(t);
+    stats.draft_ms += ms;
+    stats.profile.commit_ms += ms;
+    Ok(())
+}
+
 /// Asks `source` for up to `n` drafts after `feed` and checks them against the contract: at
 /// most `n` tokens, each inside the target's vocabulary of `vocab` ids.
 fn checked_drafts(
@@ -670,7 +698,9 @@ fn checked_drafts(
 ) -> Result<Vec<u32>> {
     let t = Instant::now();
     let drafts = source.draft(feed, n, step)?;
-    stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
+    let ms = ms_since(t);
+    stats.draft_ms += ms;
+    stats.profile.draft_ms += ms;
     let problem = if drafts.len() > n {
         Some(format!("asked for at most {n} drafts at step {step}, got {}: {drafts:?}", drafts.len()))
     } else {
@@ -718,11 +748,19 @@ impl Ahead {
 
 /// The target's verify forward: logits `[1, d + 1, V]` over the window (evaluated), and the
 /// hidden states of `tap_layers` (`[1, d + 1, H]` each) when the source wants them. After a
-/// queued head ([`Ahead`]) the logits are `[1, d, V]` over the drafts alone.
+/// queued head ([`Ahead`]) the logits are `[1, d, V]` over the drafts alone. `tokens`: the
+/// request's sample at every row of `logits` (row `j` sampled as step `first_step + j`),
+/// evaluated with the logits in one synchronisation, when the round samples (exact-match
+/// acceptance); `None` under the rejection rule.
 struct Verified {
     logits: Array,
     taps: Option<Vec<Array>>,
+    tokens: Option<Vec<u32>>,
 }
+
+/// How a verify forward samples its rows: `Some((sampler, step of row 0))` under exact-match
+/// acceptance, `None` under the rejection rule (the walk decides from the rows).
+type RowSampling<'a> = Option<(&'a Sampler, usize)>;
 
 /// One target forward (and one LM head) over `[pending] ++ drafts`, appending the window to
 /// `cache`.
@@ -732,10 +770,12 @@ fn verify(
     pending: u32,
     drafts: &[u32],
     tap_layers: &[usize],
-    step: usize,
+    sampling: RowSampling<'_>,
+    profile: &mut RoundProfile,
 ) -> Result<Verified> {
     let window: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
-    let what = || format!("target forward over the verify window {window:?} at step {step}");
+    let what = || format!("target forward over the verify window {window:?}");
+    let build = Instant::now();
     let tokens = ids(&window).context(what)?;
     let (logits, taps) = if tap_layers.is_empty() {
         (target.forward(&tokens, cache).context(what)?, None)
@@ -743,17 +783,67 @@ fn verify(
         let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what)?;
         (out.logits, Some(out.taps))
     };
-    logits.eval().context(what)?;
-    Ok(Verified { logits, taps })
+    let tokens = evaluate_window(&logits, sampling, build, profile).context(what)?;
+    Ok(Verified { logits, taps, tokens })
 }
 
 /// The forward over `drafts` alone, after a queued head already put the window's first
 /// token into `cache`: logits `[1, d, V]` (evaluated), row `j` after draft `j`.
-fn verify_drafts(target: &Transformer, cache: &mut ModelCache, drafts: &[u32], step: usize) -> Result<Verified> {
-    let what = || format!("target forward over the drafts {drafts:?} at step {step}");
+fn verify_drafts(
+    target: &Transformer,
+    cache: &mut ModelCache,
+    drafts: &[u32],
+    sampling: RowSampling<'_>,
+    profile: &mut RoundProfile,
+) -> Result<Verified> {
+    let what = || format!("target forward over the drafts {drafts:?}");
+    let build = Instant::now();
     let logits = target.forward(&ids(drafts).context(what)?, cache).context(what)?;
-    logits.eval().context(what)?;
-    Ok(Verified { logits, taps: None })
+    let tokens = evaluate_window(&logits, sampling, build, profile).context(what)?;
+    Ok(Verified { logits, taps: None, tokens })
+}
+
+/// Evaluates a window's `logits` `[1, T, V]` and, with `sampling`, the request's token at
+/// every row (row `j`: [`Sampler::sample_lazy`] of the row as float32, step `first + j`,
+/// exactly the ops of [`Sampler::sample`] on that row) in one synchronisation, and reads the
+/// tokens; records the graph-building time since `build` and the evaluation time.
+fn evaluate_window(
+    logits: &Array,
+    sampling: RowSampling<'_>,
+    build: Instant,
+    profile: &mut RoundProfile,
+) -> models::Result<Option<Vec<u32>>> {
+    let tokens = match sampling {
+        None => None,
+        // Greedy: one argmax over every row (the same comparisons as a row's own argmax).
+        Some((sampler, _)) if sampler.is_greedy() => {
+            Some(logits.astype(Dtype::Float32)?.argmax(-1, false)?.astype(Dtype::Uint32)?.reshape(&[-1])?)
+        }
+        Some((sampler, first)) => {
+            let rows = logits.shape()[1];
+            let samples = (0..rows)
+                .map(|j| {
+                    let row = logits.slice_axis(1, j, j + 1)?.astype(Dtype::Float32)?;
+                    sampler.sample_lazy(&row, first + j as usize)
+                })
+                .collect::<models::Result<Vec<_>>>()?;
+            Some(mlx_core::stack(&samples.iter().collect::<Vec<_>>(), 0)?)
+        }
+    };
+    let forward = Instant::now();
+    profile.build_ms += ms_since(build);
+    match &tokens {
+        Some(t) => mlx_core::eval(&[logits, t])?,
+        None => logits.eval()?,
+    }
+    let host = tokens.map(|t| t.to_vec::<u32>()).transpose()?;
+    profile.forward_ms += ms_since(forward);
+    Ok(host)
+}
+
+/// Milliseconds since `t`.
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// Counts a verified round of `d` drafts.
@@ -784,14 +874,23 @@ fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
     stats.stopped_on_eos |= walk.end == WalkEnd::Eos;
 }
 
+/// A verified window as the accept walk reads it.
+struct Window<'a> {
+    /// The verify forward's logits (`[1, T, V]`).
+    logits: &'a Array,
+    /// The request's token at every row of `logits`, sampled with the forward
+    /// ([`Verified::tokens`]; `None` under the rejection rule).
+    tokens: Option<&'a [u32]>,
+    /// Window position 0 when a queued head computed it: its logits `[1, 1, V]` and its
+    /// sampled token (then `logits` row `i - 1` is position `i`).
+    head: Option<(&'a Array, u32)>,
+}
+
 /// The target's side of the accept walk, from the verify logits: at window position `i`
 /// (step `step + i`), the request's sample, or under the rejection rule the Leviathan/Chen
 /// decision on draft `i` against the source's `q` (the bonus is sampled either way).
 struct TargetRows<'a> {
-    logits: &'a Array,
-    /// The logits `[1, 1, V]` of window position 0 when a queued head computed them (then
-    /// `logits` row `i - 1` is position `i`).
-    head: Option<&'a Array>,
+    window: Window<'a>,
     sampler: &'a Sampler,
     drafts: &'a [u32],
     step: usize,
@@ -804,8 +903,7 @@ struct TargetRows<'a> {
 impl<'a> TargetRows<'a> {
     /// Reads the source's draft distributions when the rejection rule applies.
     fn new(
-        logits: &'a Array,
-        head: Option<&'a Array>,
+        window: Window<'a>,
         sampler: &'a Sampler,
         drafts: &'a [u32],
         step: usize,
@@ -814,21 +912,29 @@ impl<'a> TargetRows<'a> {
     ) -> Result<Self> {
         let d = drafts.len();
         let q = if rejection && d > 0 { Some(draft_probs(source, d, step)?) } else { None };
-        Ok(TargetRows { logits, head, sampler, drafts, step, q, source_name: source.name() })
+        Ok(TargetRows { window, sampler, drafts, step, q, source_name: source.name() })
     }
 
     /// The target's logits `[1, 1, V]` (float32) at window position `i`.
     fn row(&self, i: usize) -> Result<Array> {
-        let row = match (self.head, i) {
-            (Some(head), 0) => Ok(head.clone()),
-            (Some(_), _) => self.logits.slice_axis(1, i as i32 - 1, i as i32).and_then(|r| r.astype(Dtype::Float32)),
-            (None, _) => self.logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32)),
+        let logits = self.window.logits;
+        let row = match (self.window.head, i) {
+            (Some((head, _)), 0) => Ok(head.clone()),
+            (Some(_), _) => logits.slice_axis(1, i as i32 - 1, i as i32).and_then(|r| r.astype(Dtype::Float32)),
+            (None, _) => logits.slice_axis(1, i as i32, i as i32 + 1).and_then(|r| r.astype(Dtype::Float32)),
         };
         row.context(|| format!("logits of window position {i}"))
     }
 
     /// The target's token at window position `i`.
     fn token(&self, i: usize) -> Result<u32> {
+        if let Some(tokens) = self.window.tokens {
+            return Ok(match (self.window.head, i) {
+                (Some((_, t)), 0) => t,
+                (Some(_), _) => tokens[i - 1],
+                (None, _) => tokens[i],
+            });
+        }
         let row = self.row(i)?;
         let (at, d) = (self.step + i, self.drafts.len());
         let Some(q) = self.q.as_ref().filter(|_| i < d) else {

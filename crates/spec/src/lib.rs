@@ -63,4 +63,4 @@ pub use executor::{
 };
 pub use rejection::Acceptance;
 pub use source::{DraftProvider, DraftSnapshot, DraftSource, NoDrafts};
-pub use stats::SpecStats;
+pub use stats::{RoundProfile, SpecStats};

@@ -116,6 +116,37 @@ pub fn choose(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) ->
     if best >= plain * (1.0 + MIN_GAIN) { best_k } else { 0 }
 }
 
+/// The stopping rule of drafters that propose one token after another and know, before
+/// drawing draft `k + 1`, how likely it is to be accepted (a draft model's own probability,
+/// a DSpark drafter's confidence head): with `s_1..s_k` the survival of the drafts kept so
+/// far, `next` the conditional acceptance estimate of draft `k + 1` and `later` the average
+/// conditional acceptance assumed for the drafts after it (up to `max` drafts in all), keep
+/// drafting when [`choose`] over `s_1..s_k, s_k next, s_k next later, ...` picks more than
+/// `k` drafts. Every input is known before draft `k + 1` is drawn, so the length is a
+/// stopping time of the drafts (SpecDec++, arXiv 2405.19715; the DSpark paper's App. A
+/// bias needs a length that looks at later drafts): exact under both acceptance rules.
+pub fn keep_drafting(
+    curve: &CostCurve,
+    survival: &[f64],
+    next: f64,
+    later: f64,
+    max: usize,
+    draft_cost: impl Fn(usize) -> f64,
+) -> bool {
+    let k = survival.len();
+    if k >= max {
+        return false;
+    }
+    let mut projected = survival.to_vec();
+    let mut s = survival.last().copied().unwrap_or(1.0) * next;
+    projected.push(s);
+    while projected.len() < max {
+        s *= later;
+        projected.push(s);
+    }
+    choose(curve, &projected, draft_cost) > k
+}
+
 /// The extra cost of a `k`-draft round that follows a plain step (a round that drafted
 /// nothing): the executor queued the next head's one-token forward ahead
 /// ([`crate::speculative_generate`]), so the window costs `t(1) + t(k)` instead of
@@ -157,6 +188,10 @@ pub enum Origin {
     Store,
     /// A draft model.
     Model,
+    /// One draft of a drafter that rates its drafts (a draft model's probability of its
+    /// draft, a DSpark confidence head's sigmoid): the bucket is the rating's
+    /// ([`SurvivalKey::rated`]).
+    Rated,
 }
 
 /// What the survival estimates are keyed by: the origin, the match length's bucket (1, 2,
@@ -179,7 +214,22 @@ const PRIOR_WEIGHT: f64 = 2.0;
 /// Observations per (key, position) beyond which old ones are halved (forgetting).
 const MAX_WEIGHT: f64 = 256.0;
 
+/// Prior conditional acceptance of a draft by its confidence bucket ([`SurvivalKey::rated`]).
+const CONFIDENCE_PRIOR: [f64; 7] = [0.1, 0.35, 0.55, 0.7, 0.8, 0.9, 0.97];
+/// Upper edges of the confidence buckets (the last bucket ends at 1).
+const CONFIDENCE_EDGES: [f64; 6] = [0.3, 0.5, 0.7, 0.8, 0.9, 0.97];
+
 impl SurvivalKey {
+    /// The key of one draft of a drafter that rates its own drafts: `confidence` in [0, 1]
+    /// (a draft model's probability of its draft, a DSpark confidence head's sigmoid), in one
+    /// of 7 buckets (below 0.3, 0.5, 0.7, 0.8, 0.9, 0.97, and above). The estimates of such a
+    /// key calibrate the rating: position 0 holds the chance that a draft of this rating is
+    /// accepted when the drafts before it were.
+    pub fn rated(confidence: f64) -> Self {
+        let bucket = CONFIDENCE_EDGES.iter().position(|&e| confidence < e).unwrap_or(CONFIDENCE_EDGES.len());
+        SurvivalKey { origin: Origin::Rated, bucket: bucket as u8, continues: false }
+    }
+
     /// The key of a proposal from `origin` whose match is `match_len` tokens long and that
     /// does not continue the previous copy (see [`SurvivalKey::continuing`]).
     pub fn new(origin: Origin, match_len: usize) -> Self {
@@ -233,9 +283,13 @@ impl AcceptanceModel {
 
     /// The conditional acceptance estimate at position `j`.
     pub fn conditional(&self, key: SurvivalKey, j: usize) -> f64 {
-        let prior = PRIOR_MEAN[usize::from(key.bucket).min(PRIOR_MEAN.len() - 1)];
-        // A continuing copy starts from a more confident prior.
-        let prior = if key.continues { 0.5 + 0.5 * prior } else { prior };
+        let bucket = usize::from(key.bucket).min(PRIOR_MEAN.len() - 1);
+        let prior = match (key.origin, key.continues) {
+            (Origin::Rated, _) => CONFIDENCE_PRIOR[bucket],
+            // A continuing copy starts from a more confident prior.
+            (_, true) => 0.5 + 0.5 * PRIOR_MEAN[bucket],
+            (_, false) => PRIOR_MEAN[bucket],
+        };
         let (a, n) = self.counts.get(&key).and_then(|v| v.get(j)).copied().unwrap_or((0.0, 0.0));
         (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
     }
@@ -264,11 +318,17 @@ impl AcceptanceModel {
                     Origin::Own => "own",
                     Origin::Store => "store",
                     Origin::Model => "model",
+                    Origin::Rated => "rated",
                 };
                 let s: Vec<f64> = self.survival(k, 8).iter().map(|s| (s * 1000.0).round() / 1000.0).collect();
                 let n = self.counts[&k].first().map_or(0.0, |c| c.1);
-                let copy = if k.continues { "/copy" } else { "" };
-                (format!("{origin}/{}{copy}", NAMES[usize::from(k.bucket)]), serde_json::json!({"s": s, "observed": n}))
+                const CONFIDENCE: [&str; 7] = ["<0.3", "<0.5", "<0.7", "<0.8", "<0.9", "<0.97", ">=0.97"];
+                let name = match (k.origin, k.continues) {
+                    (Origin::Rated, _) => format!("rated/{}", CONFIDENCE[usize::from(k.bucket)]),
+                    (_, true) => format!("{origin}/{}/copy", NAMES[usize::from(k.bucket)]),
+                    (_, false) => format!("{origin}/{}", NAMES[usize::from(k.bucket)]),
+                };
+                (name, serde_json::json!({"s": s, "observed": n}))
             })
             .collect();
         serde_json::Value::Object(map)
@@ -563,6 +623,51 @@ mod tests {
         // Other keys keep their prior.
         assert_eq!(choose(&curve, &m.survival(SurvivalKey::new(Origin::Store, 3), 32), |_| 0.0), prior);
         assert!(m.describe()["own/3-4"]["observed"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn keep_drafting_is_the_argmax_over_the_projected_survivals() {
+        let curve = CostCurve::linear(0.2, 33);
+        // A confident next draft after confident ones: go on; a doubtful one: stop.
+        assert!(keep_drafting(&curve, &[0.9, 0.81], 0.9, 0.9, 16, |_| 0.0));
+        assert!(!keep_drafting(&curve, &[0.9, 0.81], 0.05, 0.9, 16, |_| 0.0));
+        // Nothing drafted yet: the plain step's minimum gain applies.
+        assert!(!keep_drafting(&curve, &[], 0.21, 0.0, 16, |_| 0.0));
+        assert!(keep_drafting(&curve, &[], 0.5, 0.5, 16, |_| 0.0));
+        // At the cap, never.
+        assert!(!keep_drafting(&curve, &[0.9; 4], 1.0, 1.0, 4, |_| 0.0));
+        // A drafting cost per token stops earlier.
+        assert!(keep_drafting(&curve, &[0.7], 0.6, 0.6, 16, |_| 0.0));
+        assert!(!keep_drafting(&curve, &[0.7], 0.6, 0.6, 16, |k| 0.5 * k as f64));
+        // The same decision as `choose` on the projected vector.
+        for next in [0.1, 0.3, 0.5, 0.7, 0.9] {
+            let s = [0.8, 0.6];
+            let mut projected = s.to_vec();
+            let mut last = 0.6 * next;
+            projected.push(last);
+            while projected.len() < 10 {
+                last *= 0.7;
+                projected.push(last);
+            }
+            assert_eq!(keep_drafting(&curve, &s, next, 0.7, 10, |_| 0.0), choose(&curve, &projected, |_| 0.0) > 2);
+        }
+    }
+
+    #[test]
+    fn rated_keys_learn_their_bucket() {
+        assert_eq!(SurvivalKey::rated(0.1).bucket, 0);
+        assert_eq!(SurvivalKey::rated(0.85).bucket, 4);
+        assert_eq!(SurvivalKey::rated(1.0).bucket, 6);
+        let mut m = AcceptanceModel::default();
+        let (low, high) = (SurvivalKey::rated(0.2), SurvivalKey::rated(0.99));
+        assert!(m.conditional(low, 0) < m.conditional(high, 0), "the prior orders the buckets");
+        // A head that is confidently wrong is recalibrated by what it observes.
+        for _ in 0..50 {
+            m.observe(high, 0, false);
+            m.observe(low, 0, true);
+        }
+        assert!(m.conditional(high, 0) < 0.1 && m.conditional(low, 0) > 0.9);
+        assert!(m.describe()["rated/>=0.97"]["observed"].as_f64().unwrap() > 0.0);
     }
 
     #[test]

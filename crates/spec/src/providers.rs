@@ -217,6 +217,8 @@ pub enum DrafterSpec {
         num_draft_tokens: Option<usize>,
         /// Cut each block before the first position whose confidence is below this (0 = off).
         confidence_threshold: f32,
+        /// Whether the cost-aware policy cuts each block ([`DSparkProvider::with_policy`]).
+        adaptive: bool,
     },
 }
 
@@ -336,11 +338,17 @@ impl DrafterSpec {
                 let dir = a.draft_model.clone().expect("kind Model has a directory");
                 check_model_dir(&dir, "--draft-model")?;
                 if is_dspark_dir(&dir) {
-                    if a.draft_length.is_some() {
-                        return invalid(format!("--draft-length: {} is a DSpark drafter", dir.display()));
+                    let adaptive = a.draft_length == Some(DraftLength::Adaptive);
+                    if adaptive && a.confidence_threshold.is_some() {
+                        return invalid(
+                            "--confidence-threshold cuts blocks at a fixed confidence; --draft-length adaptive \
+                             chooses the cut from the cost curve: pass one of them"
+                                .into(),
+                        );
                     }
                     let confidence_threshold = a.confidence_threshold.unwrap_or(0.0);
-                    return Ok(DrafterSpec::DSpark { dir, num_draft_tokens: a.num_draft_tokens, confidence_threshold });
+                    let num_draft_tokens = a.num_draft_tokens;
+                    return Ok(DrafterSpec::DSpark { dir, num_draft_tokens, confidence_threshold, adaptive });
                 }
                 if a.confidence_threshold.is_some() {
                     return invalid(format!("--confidence-threshold: {} is not a DSpark drafter", dir.display()));
@@ -425,12 +433,16 @@ impl DrafterSpec {
             DrafterSpec::Ngram(n) => {
                 LoadedDrafter { provider: Box::new(n.provider()?), num_draft_tokens: n.num_draft_tokens }
             }
-            DrafterSpec::DSpark { dir, num_draft_tokens, confidence_threshold } => {
+            DrafterSpec::DSpark { dir, num_draft_tokens, confidence_threshold, adaptive } => {
                 let drafter = drafter::Drafter::load(dir, &target.drafter_load())
                     .context(|| format!("loading DSpark drafter {}", dir.display()))?;
                 let num_draft_tokens = num_draft_tokens.unwrap_or(drafter.block_size());
-                let provider = DSparkProvider::new(drafter, dir.display().to_string())?
+                let mut provider = DSparkProvider::new(drafter, dir.display().to_string())?
                     .with_confidence_threshold(*confidence_threshold);
+                if *adaptive {
+                    provider =
+                        provider.with_policy(CostModel::measure(Some(CurveCache::for_model(target.dir, target.load))));
+                }
                 LoadedDrafter { provider: Box::new(provider), num_draft_tokens }
             }
             DrafterSpec::Model { dir, num_draft_tokens, sampling, adaptive } => {

@@ -88,6 +88,46 @@ pub struct SpecStats {
     pub fallback_at: Option<usize>,
     /// MLX peak memory during the request, bytes.
     pub peak_memory_bytes: usize,
+    /// Where the rounds' wall time went ([`RoundProfile`]).
+    pub profile: RoundProfile,
+}
+
+/// Where the wall time of a request's rounds went, milliseconds summed over rounds. The
+/// phases do not overlap; `decode_ms` minus their sum is the executor's own bookkeeping.
+/// A plain step (a round with no drafts, run pipelined) is one phase, `plain_ms`: its graph
+/// building overlaps the previous step's forward, so it cannot be split.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RoundProfile {
+    /// The source's `draft` calls.
+    pub draft_ms: f64,
+    /// Building the verify window's graph (the target's `forward` call, before evaluation).
+    pub build_ms: f64,
+    /// Evaluating the window (the target forward, its LM head and the window's samples).
+    pub forward_ms: f64,
+    /// The accept walk: reading the window's tokens (and, under the rejection rule or with
+    /// logprobs, the rows), emitting them.
+    pub walk_ms: f64,
+    /// Trimming the target cache over the rejected drafts.
+    pub rollback_ms: f64,
+    /// The source's `commit` calls.
+    pub commit_ms: f64,
+    /// Plain steps (rounds without drafts), whole.
+    pub plain_ms: f64,
+}
+
+impl RoundProfile {
+    /// The phases as `(name, milliseconds)`, in round order.
+    pub fn phases(&self) -> [(&'static str, f64); 7] {
+        [
+            ("draft", self.draft_ms),
+            ("build", self.build_ms),
+            ("forward", self.forward_ms),
+            ("walk", self.walk_ms),
+            ("rollback", self.rollback_ms),
+            ("commit", self.commit_ms),
+            ("plain", self.plain_ms),
+        ]
+    }
 }
 
 impl SpecStats {

@@ -16,7 +16,7 @@ pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
 /// Default most drafts per round for a draft model under the cost-aware policy.
 pub const DEFAULT_ADAPTIVE_DRAFT_TOKENS: usize = 8;
 /// Under the cost-aware policy, a round drafts one token after this many rounds in a row
-/// drafted none (a probe, so the estimates can recover).
+/// drafted none (a probe, so the estimates can recover), whatever the estimates say.
 pub const PROBE_AFTER_PLAIN_ROUNDS: usize = 16;
 
 /// The cost-aware length policy of a draft model ([`crate::policy`]): the target's and the
@@ -39,6 +39,10 @@ struct RequestPolicy {
     /// Rounds in a row that drafted nothing (the executor then queues the next head ahead:
     /// a window costs `t(1) + t(k)`).
     plain_rounds: usize,
+    /// Whether this round follows a round that drafted nothing.
+    after_plain: bool,
+    /// Whether this round is a probe (one draft, whatever its rating).
+    probe: bool,
 }
 
 /// The key of a draft model's survival estimates (no match length: one bucket).
@@ -181,7 +185,14 @@ impl DraftProvider for TwoModelProvider {
             let draft = p.draft.curve(&self.model)?;
             let per_draft =
                 if curve.step_ms > 0.0 && draft.step_ms > 0.0 { draft.step_ms / curve.step_ms } else { 0.0 };
-            source.policy = Some(RequestPolicy { curve, per_draft, acceptance: p.acceptance.clone(), plain_rounds: 0 });
+            source.policy = Some(RequestPolicy {
+                curve,
+                per_draft,
+                acceptance: p.acceptance.clone(),
+                plain_rounds: 0,
+                after_plain: false,
+                probe: false,
+            });
         }
         Ok(Box::new(source))
     }
@@ -228,6 +239,9 @@ pub struct TwoModelSource<'a> {
     vocab_limit: usize,
     rebuilds: usize,
     policy: Option<RequestPolicy>,
+    /// Under the policy: the draft model's rating of each of `last_drafts` (the largest
+    /// probability of the distribution it was drawn from).
+    last_ratings: Vec<f64>,
 }
 
 impl<'a> TwoModelSource<'a> {
@@ -247,6 +261,7 @@ impl<'a> TwoModelSource<'a> {
             vocab_limit: usize::MAX,
             rebuilds: 0,
             policy: None,
+            last_ratings: Vec::new(),
         }
     }
 
@@ -281,6 +296,39 @@ impl<'a> TwoModelSource<'a> {
 
     fn contract(&self, message: String) -> Error {
         Error::Contract { source_name: self.name.clone(), message }
+    }
+
+    /// Under the cost-aware policy, whether to draw the next draft from `logits` (its
+    /// distribution, known before the draw): the draft model's rating of it (the largest
+    /// probability of [`Sampler::probs`], recorded) gives its acceptance estimate, and
+    /// [`crate::policy::keep_drafting`] decides with the drafts kept so far, up to `n`.
+    /// Always `true` without the policy.
+    fn rate_and_continue(&mut self, logits: &Array, n: usize, step: usize) -> Result<bool> {
+        let Some(p) = &self.policy else { return Ok(true) };
+        let i = self.last_ratings.len();
+        let what = || format!("draft model `{}` rating draft {i} at step {step}", self.name);
+        let probs = self.sampler.probs(logits).context(what)?;
+        let rating = f64::from(probs.max(&[0], false).context(what)?.to_vec::<f32>().context(what)?[0]);
+        let acc = p.acceptance.lock().expect("acceptance lock");
+        let survival: Vec<f64> = self
+            .last_ratings
+            .iter()
+            .scan(1.0, |s, &r| {
+                *s *= acc.conditional(SurvivalKey::rated(r), 0);
+                Some(*s)
+            })
+            .collect();
+        let (next, later) = (acc.conditional(SurvivalKey::rated(rating), 0), acc.conditional(MODEL_KEY, i + 1));
+        drop(acc);
+        let (per_draft, after_plain, curve) = (p.per_draft, p.after_plain, &p.curve);
+        let keep = (p.probe && i == 0)
+            || crate::policy::keep_drafting(curve, &survival, next, later, n, |k| {
+                k as f64 * per_draft + crate::policy::split_window_cost(curve, k, after_plain)
+            });
+        if keep {
+            self.last_ratings.push(rating);
+        }
+        Ok(keep)
     }
 
     /// Runs the unfed tokens through the draft model; returns the logits `[1, 1, V]` after
@@ -382,21 +430,27 @@ impl DraftSource for TwoModelSource<'_> {
         }
         self.last_drafts.clear();
         self.last_logits.clear();
+        self.last_ratings.clear();
         self.fed_drafts = 0;
         let n = match &mut self.policy {
             None => n,
             Some(p) => {
                 let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, n);
-                let (per_draft, after_plain, curve) = (p.per_draft, p.plain_rounds > 0, &p.curve);
+                p.after_plain = p.plain_rounds > 0;
+                let (per_draft, after_plain, curve) = (p.per_draft, p.after_plain, &p.curve);
                 let k = crate::policy::choose(curve, &survival, |k| {
                     k as f64 * per_draft + crate::policy::split_window_cost(curve, k, after_plain)
                 });
-                p.plain_rounds = if k == 0 { p.plain_rounds + 1 } else { 0 };
-                if k == 0 && p.plain_rounds > PROBE_AFTER_PLAIN_ROUNDS {
-                    p.plain_rounds = 0;
-                    n.min(1)
-                } else {
-                    k
+                // After many rounds without a draft (chosen before drafting, or stopped by the
+                // ratings), one draft whatever its estimate, so the estimates can recover.
+                p.probe = p.plain_rounds >= PROBE_AFTER_PLAIN_ROUNDS;
+                match (k, p.probe) {
+                    (_, true) => n.min(1),
+                    (0, false) => {
+                        p.plain_rounds += 1;
+                        0
+                    }
+                    (k, false) => k,
                 }
             }
         };
@@ -408,9 +462,13 @@ impl DraftSource for TwoModelSource<'_> {
         let mut drafts = Vec::with_capacity(n);
         loop {
             let i = drafts.len();
+            if !self.rate_and_continue(&logits, n, step)? {
+                break;
+            }
             let what = || format!("draft model `{}` sampling draft {i} at step {step}", self.name);
             let t = self.sampler.sample(&logits, step + i).context(what)?;
             if t as usize >= self.vocab_limit {
+                self.last_ratings.truncate(i);
                 break;
             }
             if !self.sampler.is_greedy() {
@@ -424,6 +482,10 @@ impl DraftSource for TwoModelSource<'_> {
             let out = self.model.forward(&ids(&[t]).context(what)?, &mut self.cache).context(what)?;
             self.fed_drafts += 1;
             logits = out.astype(Dtype::Float32).context(what)?;
+        }
+        if let Some(p) = &mut self.policy {
+            // A round the ratings stopped before its first draft is a plain step too.
+            p.plain_rounds = if drafts.is_empty() { p.plain_rounds + 1 } else { 0 };
         }
         self.last_drafts = drafts.clone();
         Ok(drafts)
@@ -451,8 +513,12 @@ impl DraftSource for TwoModelSource<'_> {
             let mut acc = p.acceptance.lock().expect("acceptance lock");
             for j in 0..drafted.min(accepted + 1) {
                 acc.observe(MODEL_KEY, j, j < accepted);
+                if let Some(&rating) = self.last_ratings.get(j) {
+                    acc.observe(SurvivalKey::rated(rating), 0, j < accepted);
+                }
             }
         }
+        self.last_ratings.clear();
         // An all-accept round's last draft comes back in the next feed: do not keep it.
         let keep = accepted.min(drafted.saturating_sub(1));
         let in_cache = keep.min(self.fed_drafts);

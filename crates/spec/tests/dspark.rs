@@ -238,6 +238,50 @@ fn confidence_threshold_truncates_blocks_losslessly() {
     assert!(drafted[1] < drafted[0], "threshold 0.6 must truncate some block: {drafted:?}");
 }
 
+/// Under the cost-aware policy a block is cut by the drafter's ratings and the target's cost
+/// curve: nearly whole when a verified token costs little, never drafted when each costs a
+/// whole step (no window then beats a plain step); lossless greedy and seeded-sampled, under
+/// exact match and (sampled) the rejection rule.
+#[test]
+fn the_cost_aware_policy_cuts_blocks_losslessly() {
+    use spec::policy::{CostCurve, CostModel};
+    let p = pair(Family::Qwen3, &[("bf16", None)]);
+    let load = || Drafter::load(&p._dir.path().join("dspark"), &f32_load()).unwrap();
+    let mut per_round = Vec::new();
+    for c in [0.02, 1.0] {
+        let provider =
+            DSparkProvider::new(load(), "dspark").unwrap().with_policy(CostModel::fixed(CostCurve::linear(c, 33)));
+        let (mut drafted, mut rounds) = (0, 0);
+        for (i, prompt) in PROMPTS.iter().enumerate() {
+            for (params, acceptance) in [
+                (greedy(0), Acceptance::ExactMatch),
+                (sampled(i as u64), Acceptance::ExactMatch),
+                (sampled(i as u64), Acceptance::Rejection),
+            ] {
+                let mut source = provider.open(&p.target, &params.sampler).unwrap();
+                let options = SpecOptions { num_draft_tokens: BLOCK_SIZE, acceptance };
+                let mut got = Vec::new();
+                let stats = speculative_generate(&p.target, source.as_mut(), prompt, &params, options, |t| {
+                    got.push(t);
+                    true
+                })
+                .unwrap();
+                stats.check().unwrap();
+                if acceptance == Acceptance::ExactMatch {
+                    assert_eq!(got, plain(&p.target, prompt, &params), "c {c} prompt {i} {:?}", params.sampler);
+                }
+                drafted += stats.drafted;
+                rounds += stats.rounds;
+            }
+        }
+        per_round.push(drafted as f64 / rounds as f64);
+        assert!(provider.describe_policy().is_some());
+    }
+    eprintln!("drafts per round at c = 0.02 and 1.0: {per_round:?}");
+    assert!(per_round[0] > 2.0, "a cheap window drafts most of the block: {per_round:?}");
+    assert_eq!(per_round[1], 0.0, "no window beats a plain step at c = 1: {per_round:?}");
+}
+
 /// A drafter trained for another target is refused with both sides named.
 #[test]
 fn mismatched_target_is_refused() {

@@ -75,7 +75,7 @@ fn first_two_marginals(target: &Transformer, prompt: &[u32], sampler: &Sampler) 
 }
 
 /// Counts of the first two emitted tokens over `runs` seeds of speculative decoding with
-/// `provider`'s sources, and the (drafted, accepted) totals.
+/// `provider`'s sources, `max_tokens` tokens a request, and the (drafted, accepted) totals.
 fn first_two_counts(
     target: &Transformer,
     provider: &dyn DraftProvider,
@@ -83,6 +83,7 @@ fn first_two_counts(
     base: &Sampler,
     runs: u64,
     acceptance: Acceptance,
+    max_tokens: usize,
 ) -> (Vec<usize>, Vec<usize>, usize, usize) {
     let v = target.config.vocab_size;
     let (mut c0, mut c1) = (vec![0usize; v], vec![0usize; v]);
@@ -90,7 +91,7 @@ fn first_two_counts(
     let options = SpecOptions { num_draft_tokens: 3, acceptance };
     for seed in 0..runs {
         let sampler = Sampler { seed, ..base.clone() };
-        let params = GenerateParams { max_tokens: 2, sampler, eos: vec![] };
+        let params = GenerateParams { max_tokens, sampler, eos: vec![] };
         let mut source = provider.open(target, &params.sampler).unwrap();
         let mut out = Vec::new();
         let stats = speculative_generate(target, source.as_mut(), prompt, &params, options, |t| {
@@ -179,7 +180,7 @@ fn rejection_rule_keeps_the_filtered_target_distribution() {
         let sources: [(&str, &dyn DraftProvider); 2] = [("sampling drafter", &provider), ("one-hot drafts", &fixed)];
         for (source, provider) in sources {
             let (c0, c1, drafted, accepted) =
-                first_two_counts(&target, provider, &prompt, &base, runs, Acceptance::Rejection);
+                first_two_counts(&target, provider, &prompt, &base, runs, Acceptance::Rejection, 2);
             assert!(drafted >= runs as usize, "{label}, {source}: only {drafted} drafts");
             assert!(accepted < drafted, "{label}, {source}: every draft accepted, nothing was tested");
             eprintln!("{label}, {source}: {accepted} of {drafted} drafts accepted");
@@ -249,7 +250,8 @@ fn rejection_rule_keeps_the_target_distribution() {
     let runs = 2000;
 
     let (p0, p1) = first_two_marginals(&target, &prompt, &base);
-    let (c0, c1, drafted, accepted) = first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection);
+    let (c0, c1, drafted, accepted) =
+        first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection, 2);
     // The drafter must really disagree with the target, or the test proves nothing.
     let rate = accepted as f64 / drafted as f64;
     assert!(drafted >= runs as usize && rate < 0.9, "acceptance {rate:.3} over {drafted} drafts");
@@ -311,9 +313,35 @@ fn the_adaptive_suffix_drafter_keeps_the_target_distribution() {
     let prompt = with(m);
     let runs = 2000;
     let (p0, p1) = first_two_marginals(&target, &prompt, &base);
-    let (c0, c1, drafted, accepted) = first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection);
+    let (c0, c1, drafted, accepted) =
+        first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection, 2);
     eprintln!("adaptive suffix: {accepted} of {drafted} drafts accepted");
     assert!(drafted >= runs as usize / 2 && accepted > 0 && accepted < drafted, "{accepted} of {drafted}");
+    for (label, counts, probs) in [("token 0", &c0, &p0), ("token 1", &c1, &p1)] {
+        let (stat, df) = chi_square(counts, probs);
+        assert!(stat < bound(df), "{label}: chi-square {stat:.1} with {df} df (bound {:.1})", bound(df));
+    }
+}
+
+/// A draft model under the cost-aware policy stops drafting where its rating of the next
+/// draft says so (a stopping time of the drafts): under the rejection rule the first two
+/// tokens still follow the target's distribution.
+#[test]
+fn the_rated_draft_model_policy_keeps_the_target_distribution() {
+    let target = load("llama");
+    // Verified tokens free: any draft whose estimate is above the minimum gain is drawn,
+    // and the tiny drafter's flat distributions land in every rating bucket.
+    let curve = || CostModel::fixed(CostCurve::linear(0.0, 33));
+    let provider = TwoModelProvider::new(load("qwen3"), "qwen3").with_policy(curve(), curve());
+    let prompt = [3u32, 17, 42, 17, 99];
+    let base = Sampler { temp: 0.6, ..Sampler::default() };
+    let runs = 1200;
+    let (p0, p1) = first_two_marginals(&target, &prompt, &base);
+    // Six tokens a request, so rounds end open and commit (the estimates learn from them).
+    let (c0, c1, drafted, accepted) =
+        first_two_counts(&target, &provider, &prompt, &base, runs, Acceptance::Rejection, 6);
+    eprintln!("rated draft model: {accepted} of {drafted} drafts accepted");
+    assert!(drafted >= 200 && accepted < drafted, "{accepted} of {drafted}");
     for (label, counts, probs) in [("token 0", &c0, &p0), ("token 1", &c1, &p1)] {
         let (stat, df) = chi_square(counts, probs);
         assert!(stat < bound(df), "{label}: chi-square {stat:.1} with {df} df (bound {:.1})", bound(df));
