@@ -216,13 +216,19 @@ pub struct Outcome {
 /// and residual draws use [`models::Sampler::uniform`] streams 1 and 2 of the position's
 /// step; the bonus token is sampled as plain decoding samples it.
 ///
-/// Rounds without drafts run plain decoding's pipelined step: the target forward of the
-/// pending token, the lazily sampled token and the forward of that token (the next round's
-/// head) are queued before the host reads the token, so a run of plain steps costs what
+/// Rounds without drafts run plain decoding's pipelined step while the source allows it
+/// ([`DraftSource::pipeline_plain_steps`]): the target forward of the pending token, the
+/// lazily sampled token and the forward of that token (the next round's head) are queued
+/// before the host reads the token, so a run of plain steps costs what
 /// [`models::generate::generate`] costs. When the source then does propose drafts, the
 /// round's window is the queued head (already in the cache, its logits kept) followed by a
 /// forward over the drafts alone; the accept walk is the same. (Not for sources with tap
-/// layers, whose windows must be one forward.)
+/// layers, whose windows must be one forward.) A source that expects its next round to be
+/// worth a whole window declines, and the round without drafts is a one-token window.
+///
+/// Under exact-match acceptance the window's tokens are sampled with its forward, in one
+/// evaluation, and read at once; the phases of each round are timed into
+/// [`SpecStats::profile`].
 ///
 /// Each round is logged with `tracing` at debug level, target `spec::round` (feed, drafts,
 /// accepted, the closing token; `MLX_SPEC_LOG=spec::round=debug` in the CLI).
@@ -316,14 +322,15 @@ pub fn run(
         let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
         let round = Instant::now();
-        if d == 0 && pipelined && ahead.is_none() {
+        let pipeline = pipelined && (d > 0 || source.pipeline_plain_steps());
+        if d == 0 && pipeline && ahead.is_none() {
             ahead = Some(Ahead::queue(target, &mut cache, &ids(&[pending]).context(|| "ids".into())?, params, step)?);
             in_cache.push(pending);
         }
         let head = ahead.take();
         if let (0, Some(head)) = (d, &head) {
             // A plain step: queue the next one (on the lazy token) before reading this one.
-            if step + 1 < params.max_tokens {
+            if step + 1 < params.max_tokens && pipeline {
                 ahead = Some(Ahead::queue(target, &mut cache, &head.token, params, step + 1)?);
             }
             let t = head.read(step)?;
@@ -331,6 +338,7 @@ pub fn run(
                 in_cache.push(t);
             }
             count_round(&mut stats, 0);
+            stats.pipelined_steps += 1;
             let mut emit = Emitter::new(logprobs, &mut on_token);
             let walk = accept_walk(
                 &[],

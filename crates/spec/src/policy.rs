@@ -36,7 +36,7 @@ pub const MIN_GAIN: f64 = 0.02;
 /// Windows measured by [`calibrate`] (tokens); the curve is interpolated between them.
 pub const CALIBRATION_WINDOWS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 33];
 /// Version of the on-disk curve format and of the calibration method (part of the key).
-const CURVE_VERSION: u32 = 1;
+const CURVE_VERSION: u32 = 2;
 
 /// `t(T)`: the cost of one target forward over `T` tokens (with its LM head), relative to a
 /// one-token step (`t(1) = 1`), for `T = 1..=max_window`; beyond, extrapolated linearly from
@@ -49,6 +49,15 @@ pub struct CostCurve {
     pub step_ms: f64,
     /// How the curve was obtained: `"measured"`, `"cached"`, `"linear"`, `"given"`.
     pub origin: String,
+    /// The cost of a plain step run pipelined (the next step's graph built while this one
+    /// computes, as plain decoding runs), relative to `t(1)`; 1 when not measured.
+    #[serde(default = "one")]
+    pub pipelined: f64,
+}
+
+/// serde's default for [`CostCurve::pipelined`].
+fn one() -> f64 {
+    1.0
 }
 
 impl CostCurve {
@@ -58,6 +67,7 @@ impl CostCurve {
             t: (0..max_window.max(1)).map(|i| 1.0 + c * i as f64).collect(),
             step_ms: 0.0,
             origin: "linear".into(),
+            pipelined: 1.0,
         }
     }
 
@@ -70,7 +80,12 @@ impl CostCurve {
         if ms.is_empty() || ms.iter().any(|&m| !(m.is_finite() && m > 0.0)) {
             return Err(crate::Error::Invalid(format!("a cost curve needs positive times, got {ms:?}")));
         }
-        Ok(CostCurve { t: ms.iter().map(|m| m / ms[0]).collect(), step_ms: ms[0], origin: "given".into() })
+        Ok(CostCurve {
+            t: ms.iter().map(|m| m / ms[0]).collect(),
+            step_ms: ms[0],
+            origin: "given".into(),
+            pipelined: 1.0,
+        })
     }
 
     /// `t(window)` for `window >= 1`.
@@ -86,13 +101,25 @@ impl CostCurve {
         }
     }
 
-    /// The curve as `--stats-json` reports it: `{"t": [...], "step_ms", "origin"}`.
+    /// The curve as `--stats-json` reports it: `{"t": [...], "step_ms", "pipelined",
+    /// "origin"}`.
     pub fn describe(&self) -> serde_json::Value {
         serde_json::json!({
             "t": self.t.iter().map(|t| (t * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             "step_ms": (self.step_ms * 1000.0).round() / 1000.0,
+            "pipelined": (self.pipelined * 1000.0).round() / 1000.0,
             "origin": self.origin,
         })
+    }
+
+    /// Whether plain steps should run pipelined, given `value`: the expected speed ratio, in
+    /// one-token steps, of the round that follows if it is not (the source's unsplit window
+    /// for its likely proposal; 1 when it will propose nothing). A pipelined plain step costs
+    /// [`CostCurve::pipelined`] and leaves a following window split (`t(1) + t(k)`), so
+    /// drafting right after it rarely pays; an unpipelined one costs `t(1)` and leaves the
+    /// next round whole. Pipelined while `value * pipelined < 1 + MIN_GAIN`.
+    pub fn pipeline_plain_steps(&self, value: f64) -> bool {
+        value * self.pipelined < 1.0 + MIN_GAIN
     }
 }
 
@@ -162,10 +189,12 @@ pub fn round_ratio(curve: &CostCurve, survival: &[f64], k: usize) -> f64 {
     (1.0 + survival[..k.min(survival.len())].iter().sum::<f64>()) / curve.t(1 + k)
 }
 
-/// The speed ratio to plain decoding the cost model predicts for a finished request: its
-/// emitted tokens over `sum_rounds t(1 + d)` (rounds with `d` drafts, from
-/// `stats.drafted_by_pos`), i.e. a plain step costs `t(1)` and nothing outside the target
-/// forward costs time. 0 without rounds.
+/// The speed ratio to plain decoding the cost model predicts for a finished request: plain
+/// decoding runs pipelined, [`CostCurve::pipelined`] per token; the request's rounds with `d`
+/// drafts cost `t(1 + d)` each (from `stats.drafted_by_pos`; a window split after a
+/// pipelined step is charged as one), its pipelined plain steps
+/// ([`SpecStats::pipelined_steps`]) `pipelined` each and its other rounds without drafts
+/// `t(1)`: nothing outside the target forward costs time. 0 without rounds.
 pub fn predicted_ratio(curve: &CostCurve, stats: &SpecStats) -> f64 {
     let by_pos = &stats.drafted_by_pos;
     let mut cost = 0.0;
@@ -175,8 +204,10 @@ pub fn predicted_ratio(curve: &CostCurve, stats: &SpecStats) -> f64 {
         cost += exactly as f64 * curve.t(1 + k);
         rounds_with_drafts += exactly;
     }
-    cost += stats.rounds.saturating_sub(rounds_with_drafts) as f64 * curve.t(1);
-    if cost > 0.0 { stats.emitted as f64 / cost } else { 0.0 }
+    let plain_rounds = stats.rounds.saturating_sub(rounds_with_drafts);
+    let pipelined = stats.pipelined_steps.min(plain_rounds);
+    cost += pipelined as f64 * curve.pipelined + (plain_rounds - pipelined) as f64 * curve.t(1);
+    if cost > 0.0 { stats.emitted as f64 * curve.pipelined / cost } else { 0.0 }
 }
 
 /// Where a proposal was copied from.
@@ -290,6 +321,13 @@ impl AcceptanceModel {
             (_, true) => 0.5 + 0.5 * PRIOR_MEAN[bucket],
             (_, false) => PRIOR_MEAN[bucket],
         };
+        self.conditional_around(key, j, prior)
+    }
+
+    /// The conditional acceptance estimate at position `j`, smoothed around `prior` instead
+    /// of the key's own: a rated draft's bucket starts from the drafter's average acceptance
+    /// at that position (a pessimistic prior would stop the drafts that would teach it).
+    pub fn conditional_around(&self, key: SurvivalKey, j: usize, prior: f64) -> f64 {
         let (a, n) = self.counts.get(&key).and_then(|v| v.get(j)).copied().unwrap_or((0.0, 0.0));
         (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
     }
@@ -497,7 +535,37 @@ pub fn calibrate(target: &Transformer, reps: usize) -> Result<CostCurve> {
     }
     let mut curve = CostCurve::from_ms(&ms)?;
     curve.origin = "measured".into();
+    curve.pipelined = (pipelined_step_ms(target, &ctx[..32], reps)? / curve.step_ms).min(1.0);
     Ok(curve)
+}
+
+/// The wall time of one plain step run pipelined ([`models::generate::decode`], greedy),
+/// milliseconds: the median over `reps` runs of 16 steps after `ctx`, per step.
+fn pipelined_step_ms(target: &Transformer, ctx: &[u32], reps: usize) -> Result<f64> {
+    let what = || "calibrating the pipelined plain step".to_string();
+    const STEPS: usize = 16;
+    let params = models::GenerateParams { max_tokens: STEPS, sampler: models::Sampler::default(), eos: Vec::new() };
+    let (&last, head) = ctx.split_last().expect("a calibration context");
+    let mut times = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let mut cache = target.make_cache();
+        target.prefill(&ids(head).context(what)?, &mut cache).context(what)?;
+        let mut first = None;
+        let mut read = 0;
+        models::generate::decode(target, &mut cache, last, 0, &params, |_| {
+            read += 1;
+            if read == 1 {
+                first = Some(Instant::now());
+            }
+            true
+        })
+        .context(what)?;
+        // From the first token read to the last: `STEPS - 1` steps at the pipeline's pace.
+        let first = first.expect("decode read a token");
+        times.push(first.elapsed().as_secs_f64() * 1e3 / (STEPS - 1) as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// Where a provider's cost curve comes from: given, or measured on first use (and cached on
@@ -687,6 +755,14 @@ mod tests {
         };
         let lin = CostCurve::linear(0.5, 4);
         assert!((predicted_ratio(&lin, &stats) - 7.0 / (2.0 * 2.0 + 1.0)).abs() < 1e-12);
+        // Plain decoding pipelined at 0.9 of a step, and the plain round was pipelined too.
+        let piped = CostCurve { pipelined: 0.9, ..lin.clone() };
+        let stats = SpecStats { pipelined_steps: 1, ..stats };
+        assert!((predicted_ratio(&piped, &stats) - 7.0 * 0.9 / (2.0 * 2.0 + 0.9)).abs() < 1e-12);
+        // Plain steps stay pipelined unless the next round is worth more than the pipeline.
+        assert!(piped.pipeline_plain_steps(1.0) && piped.pipeline_plain_steps(1.1));
+        assert!(!piped.pipeline_plain_steps(1.2));
+        assert!(lin.pipeline_plain_steps(1.01) && !lin.pipeline_plain_steps(1.05));
         let dir = tempfile::tempdir().unwrap();
         let cache = CurveCache { path: dir.path().join("x/c.json"), key: "k1".into() };
         assert_eq!(cache.load(), None);

@@ -64,6 +64,17 @@ pub trait DraftSource {
         &[]
     }
 
+    /// Whether the executor may pipeline the plain step after a round in which this source
+    /// drafted nothing: queue the next step's forward before reading this step's token (plain
+    /// decoding's speed), which leaves a window drafted next round split into that queued
+    /// forward plus one over the drafts. `true` (the default); a source whose next round
+    /// would likely be worth an unsplit window returns `false`, and the executor then reads
+    /// the token first. The executor asks right after each `draft` that proposed nothing
+    /// (sources with tap layers never run pipelined). It never changes the tokens.
+    fn pipeline_plain_steps(&self) -> bool {
+        true
+    }
+
     /// Starts a request. `prompt` is the whole prompt (`n >= 1` tokens); the target has
     /// prefilled `prompt[..n-1]`, and `prompt[n-1]` arrives as the first `feed`. `taps`, when
     /// [`DraftSource::tap_layers`] is non-empty and `n > 1`, holds one `[1, n-1, H]` array

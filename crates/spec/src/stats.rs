@@ -52,6 +52,10 @@ pub struct SpecStats {
     /// drafts right after a plain step runs its window as two forwards, the head queued
     /// ahead by the plain step and the drafts, and counts one).
     pub target_forwards: usize,
+    /// Rounds without drafts that ran as plain decoding's pipelined step (the next step's
+    /// forward queued before this one's token was read; see
+    /// [`crate::DraftSource::pipeline_plain_steps`]).
+    pub pipelined_steps: usize,
     /// Target prefill forward passes (prompt chunks, plus any re-prefill after a fallback).
     pub prefill_forwards: usize,
     /// Draft tokens proposed (sum of `d` over rounds).

@@ -480,10 +480,17 @@ pub struct SuffixSource {
     store: Option<Arc<Mutex<Store>>>,
     acceptance: Arc<Mutex<AcceptanceModel>>,
     curve: Option<CostCurve>,
-    /// Whether the last `draft` call proposed nothing (the executor then queued the next
-    /// head ahead: a window costs `t(1) + t(k)`).
+    /// Whether the last `draft` call proposed nothing and the executor pipelined the plain
+    /// step (it then queued the next head ahead: a window costs `t(1) + t(k)`).
     after_plain: bool,
+    /// Under the policy: the recent rounds' value of an unsplit window (a moving average of
+    /// the best expected ratio [`crate::policy::round_ratio`] of each round's proposal, 1
+    /// for a round without one), for [`DraftSource::pipeline_plain_steps`].
+    value: f64,
 }
+
+/// Weight of the newest round in [`SuffixSource`]'s moving average of window values.
+const VALUE_WEIGHT: f64 = 0.2;
 
 impl SuffixSource {
     /// A stand-alone source drafting every proposed token (no policy, no store).
@@ -499,6 +506,7 @@ impl SuffixSource {
             acceptance: Arc::new(Mutex::new(AcceptanceModel::default())),
             curve: None,
             after_plain: false,
+            value: 1.0,
         }
     }
 
@@ -583,6 +591,7 @@ impl DraftSource for SuffixSource {
         self.shadow = None;
         self.copy = None;
         self.after_plain = false;
+        self.value = 1.0;
         Ok(())
     }
 
@@ -602,6 +611,7 @@ impl DraftSource for SuffixSource {
         }
         self.score_shadow();
         let proposal = self.best_proposal(if self.curve.is_some() { MAX_PROPOSAL } else { n });
+        let mut value = 1.0;
         self.last_drafts = match proposal {
             None => Vec::new(),
             Some((origin, p, continues)) => {
@@ -609,11 +619,13 @@ impl DraftSource for SuffixSource {
                 let k = match &self.curve {
                     None => p.tokens.len().min(n),
                     Some(curve) => {
-                        let acc = self.acceptance.lock().expect("acceptance lock");
+                        let survival =
+                            self.acceptance.lock().expect("acceptance lock").survival(key, p.tokens.len().min(n));
+                        value = (0..=survival.len())
+                            .map(|k| crate::policy::round_ratio(curve, &survival, k))
+                            .fold(1.0, f64::max);
                         let split = self.after_plain;
-                        crate::policy::choose(curve, &acc.survival(key, p.tokens.len().min(n)), |k| {
-                            crate::policy::split_window_cost(curve, k, split)
-                        })
+                        crate::policy::choose(curve, &survival, |k| crate::policy::split_window_cost(curve, k, split))
                     }
                 };
                 let drafts = p.tokens[..k].to_vec();
@@ -621,8 +633,15 @@ impl DraftSource for SuffixSource {
                 drafts
             }
         };
-        self.after_plain = self.last_drafts.is_empty();
+        self.value += VALUE_WEIGHT * (value - self.value);
+        self.after_plain = self.last_drafts.is_empty() && self.pipeline_plain_steps();
         Ok(self.last_drafts.clone())
+    }
+
+    /// Without the policy, always; under it, while the recent rounds' proposals would not
+    /// be worth an unsplit window ([`crate::policy::CostCurve::pipeline_plain_steps`]).
+    fn pipeline_plain_steps(&self) -> bool {
+        self.curve.as_ref().is_none_or(|c| c.pipeline_plain_steps(self.value))
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, _taps: Option<&[mlx_core::Array]>) -> Result<()> {

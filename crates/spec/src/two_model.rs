@@ -26,20 +26,35 @@ struct ModelPolicy {
     target: CostModel,
     draft: CostModel,
     acceptance: Arc<Mutex<AcceptanceModel>>,
+    /// The measured wall time of drafting, milliseconds per drafted token (a moving average
+    /// over the rounds of every source, starting from the drafter's calibrated step), once
+    /// measured.
+    drafting_ms: Arc<Mutex<Option<f64>>>,
 }
+
+/// Weight of the newest round in the moving average of drafting time per token.
+const DRAFTING_MS_WEIGHT: f64 = 0.1;
 
 /// A source's view of the policy for one request.
 #[derive(Debug, Clone)]
 struct RequestPolicy {
     curve: CostCurve,
-    /// Cost of one drafted token in target steps (the drafter's one-token step over the
-    /// target's).
+    /// Cost of one drafted token in target steps: the measured drafting time per token
+    /// ([`ModelPolicy::drafting_ms`]) over the target's step, or before any is measured the
+    /// drafter's calibrated one-token step over the target's; 0 for synthetic curves.
     per_draft: f64,
     acceptance: Arc<Mutex<AcceptanceModel>>,
-    /// Rounds in a row that drafted nothing (the executor then queues the next head ahead:
-    /// a window costs `t(1) + t(k)`).
+    drafting_ms: Arc<Mutex<Option<f64>>>,
+    /// The drafter's calibrated one-token step, milliseconds: where the average of measured
+    /// drafting times starts (0 for a synthetic curve).
+    draft_step_ms: f64,
+    /// Whether this request has drafted once (its first drafting round is not timed: it
+    /// pays for warming the drafter's caches).
+    warmed: bool,
+    /// Rounds in a row that drafted nothing.
     plain_rounds: usize,
-    /// Whether this round follows a round that drafted nothing.
+    /// Whether the last round drafted nothing and the executor pipelined its plain step
+    /// (then the next window costs `t(1) + t(k)`).
     after_plain: bool,
     /// Whether this round is a probe (one draft, whatever its rating).
     probe: bool,
@@ -145,14 +160,19 @@ impl TwoModelProvider {
         TwoModelProvider { model, name: name.into(), sampling: DraftSampling::default(), policy: None }
     }
 
-    /// The same provider under the cost-aware length policy: each round drafts the `k` (up
+    /// The same provider under the cost-aware length policy: each round plans the `k` (up
     /// to the executor's `n`) that maximises `(1 + sum s_i) / (t(1 + k) + k c)`, with `t`
-    /// the target's curve, `c` the drafter's one-token step over the target's (both from
-    /// the curves' `step_ms`; 0 when either is synthetic) and `s_i` learnt from this
-    /// provider's rounds. The length is chosen before drafting, from earlier rounds only
-    /// (non-anticipating under both acceptance rules).
+    /// the target's curve, `c` the cost of a drafted token in target steps (the measured
+    /// drafting time per token over the target's step; before the first drafting round the
+    /// drafter's calibrated step over the target's; 0 when either curve is synthetic) and
+    /// `s_i` learnt from this provider's rounds; then drafts one token at a time while
+    /// [`crate::policy::keep_drafting`] says the next one, rated by the draft model's
+    /// largest probability ([`SurvivalKey::rated`]), still pays. Both decisions use only
+    /// earlier rounds and the drafts before the next one (a stopping time: exact under both
+    /// acceptance rules). Plain steps run pipelined only while an unsplit window would not
+    /// pay more ([`DraftSource::pipeline_plain_steps`]).
     pub fn with_policy(mut self, target: CostModel, draft: CostModel) -> Self {
-        self.policy = Some(ModelPolicy { target, draft, acceptance: Arc::default() });
+        self.policy = Some(ModelPolicy { target, draft, acceptance: Arc::default(), drafting_ms: Arc::default() });
         self
     }
 
@@ -189,6 +209,9 @@ impl DraftProvider for TwoModelProvider {
                 curve,
                 per_draft,
                 acceptance: p.acceptance.clone(),
+                drafting_ms: p.drafting_ms.clone(),
+                draft_step_ms: draft.step_ms,
+                warmed: false,
                 plain_rounds: 0,
                 after_plain: false,
                 probe: false,
@@ -310,15 +333,17 @@ impl<'a> TwoModelSource<'a> {
         let probs = self.sampler.probs(logits).context(what)?;
         let rating = f64::from(probs.max(&[0], false).context(what)?.to_vec::<f32>().context(what)?[0]);
         let acc = p.acceptance.lock().expect("acceptance lock");
+        let rated = |r: f64, j: usize| acc.conditional_around(SurvivalKey::rated(r), 0, acc.conditional(MODEL_KEY, j));
         let survival: Vec<f64> = self
             .last_ratings
             .iter()
-            .scan(1.0, |s, &r| {
-                *s *= acc.conditional(SurvivalKey::rated(r), 0);
+            .enumerate()
+            .scan(1.0, |s, (j, &r)| {
+                *s *= rated(r, j);
                 Some(*s)
             })
             .collect();
-        let (next, later) = (acc.conditional(SurvivalKey::rated(rating), 0), acc.conditional(MODEL_KEY, i + 1));
+        let (next, later) = (rated(rating, i), acc.conditional(MODEL_KEY, i + 1));
         drop(acc);
         let (per_draft, after_plain, curve) = (p.per_draft, p.after_plain, &p.curve);
         let keep = (p.probe && i == 0)
@@ -329,6 +354,23 @@ impl<'a> TwoModelSource<'a> {
             self.last_ratings.push(rating);
         }
         Ok(keep)
+    }
+
+    /// Under the policy, the bookkeeping after a round's drafting: `d` drafts (0: a plain
+    /// step, chosen before drafting or stopped by the ratings), drafted since `started`
+    /// when the round is timed (the drafting time per token joins the provider's average).
+    fn end_round(&mut self, d: usize, started: Option<std::time::Instant>) {
+        let pipelined = d == 0 && self.pipeline_plain_steps();
+        let Some(p) = &mut self.policy else { return };
+        p.plain_rounds = if d == 0 { p.plain_rounds + 1 } else { 0 };
+        p.after_plain = pipelined;
+        if let (Some(started), true, true) = (started, d > 0, p.warmed && p.draft_step_ms > 0.0) {
+            let ms = started.elapsed().as_secs_f64() * 1e3 / d as f64;
+            let mut avg = p.drafting_ms.lock().expect("drafting time lock");
+            let a = avg.unwrap_or(p.draft_step_ms);
+            *avg = Some(a + DRAFTING_MS_WEIGHT * (ms - a));
+        }
+        p.warmed |= d > 0;
     }
 
     /// Runs the unfed tokens through the draft model; returns the logits `[1, 1, V]` after
@@ -436,7 +478,9 @@ impl DraftSource for TwoModelSource<'_> {
             None => n,
             Some(p) => {
                 let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, n);
-                p.after_plain = p.plain_rounds > 0;
+                if let (Some(ms), true) = (*p.drafting_ms.lock().expect("drafting time lock"), p.curve.step_ms > 0.0) {
+                    p.per_draft = ms / p.curve.step_ms;
+                }
                 let (per_draft, after_plain, curve) = (p.per_draft, p.after_plain, &p.curve);
                 let k = crate::policy::choose(curve, &survival, |k| {
                     k as f64 * per_draft + crate::policy::split_window_cost(curve, k, after_plain)
@@ -444,20 +488,18 @@ impl DraftSource for TwoModelSource<'_> {
                 // After many rounds without a draft (chosen before drafting, or stopped by the
                 // ratings), one draft whatever its estimate, so the estimates can recover.
                 p.probe = p.plain_rounds >= PROBE_AFTER_PLAIN_ROUNDS;
-                match (k, p.probe) {
-                    (_, true) => n.min(1),
-                    (0, false) => {
-                        p.plain_rounds += 1;
-                        0
-                    }
-                    (k, false) => k,
-                }
+                if p.probe { n.min(1) } else { k }
             }
         };
         if n == 0 {
             // Defer the feed: it is run with the next round's.
+            self.end_round(0, None);
             return Ok(Vec::new());
         }
+        // A round that feeds one or two tokens runs `d` drafter steps for `d` drafts (the
+        // feed, then every draft but the last): its time per draft is the drafting cost. A
+        // round catching up after plain steps (a longer feed) is not timed.
+        let started = (self.unfed.len() <= 2).then(std::time::Instant::now);
         let mut logits = self.run_unfed()?;
         let mut drafts = Vec::with_capacity(n);
         loop {
@@ -483,10 +525,7 @@ impl DraftSource for TwoModelSource<'_> {
             self.fed_drafts += 1;
             logits = out.astype(Dtype::Float32).context(what)?;
         }
-        if let Some(p) = &mut self.policy {
-            // A round the ratings stopped before its first draft is a plain step too.
-            p.plain_rounds = if drafts.is_empty() { p.plain_rounds + 1 } else { 0 };
-        }
+        self.end_round(drafts.len(), started);
         self.last_drafts = drafts.clone();
         Ok(drafts)
     }
@@ -502,6 +541,21 @@ impl DraftSource for TwoModelSource<'_> {
         let rows = self.last_logits.iter().map(|l| self.sampler.probs(l)).collect::<models::Result<Vec<_>>>();
         let rows = rows.context(what)?;
         mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 0).map(Some).context(what)
+    }
+
+    /// Without the policy, always; under it, while an unsplit window of the expected
+    /// acceptance, drafting cost included, would not beat the pipeline
+    /// ([`crate::policy::CostCurve::pipeline_plain_steps`]).
+    fn pipeline_plain_steps(&self) -> bool {
+        let Some(p) = &self.policy else { return true };
+        let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, DEFAULT_ADAPTIVE_DRAFT_TOKENS);
+        let mut gain = 1.0;
+        let mut value = 1.0 / p.curve.t(1);
+        for (i, s) in survival.iter().enumerate() {
+            gain += s;
+            value = f64::max(value, gain / (p.curve.t(i + 2) + (i + 1) as f64 * p.per_draft));
+        }
+        p.curve.pipeline_plain_steps(value)
     }
 
     fn commit(&mut self, drafted: usize, accepted: usize, _taps: Option<&[Array]>) -> Result<()> {

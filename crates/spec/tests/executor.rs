@@ -294,12 +294,15 @@ fn self_draft_accepts_every_draft() {
     }
 }
 
-/// A source that never drafts: every round is one plain step.
-struct Never;
+/// A source that never drafts: every round is one plain step, pipelined when `.0` says so.
+struct Never(bool);
 
 impl DraftSource for Never {
     fn name(&self) -> &str {
         "never"
+    }
+    fn pipeline_plain_steps(&self) -> bool {
+        self.0
     }
     fn prefill(&mut self, _: &[u32], _: Option<&[Array]>) -> spec::Result<()> {
         Ok(())
@@ -320,12 +323,14 @@ fn rounds_without_drafts_are_plain_steps() {
     let params =
         GenerateParams { max_tokens: 16, sampler: Sampler { temp: 0.7, seed: 3, ..Sampler::default() }, eos: vec![] };
     let want = plain(&target, &prompt, &params);
-    for n in [0, 1, 5] {
-        let (got, stats) = spec_run(&target, &mut Never, &prompt, &params, n);
-        assert_eq!(got, want);
+    for (n, pipeline) in [(0, true), (1, true), (5, true), (5, false)] {
+        let (got, stats) = spec_run(&target, &mut Never(pipeline), &prompt, &params, n);
+        assert_eq!(got, want, "n {n}, pipelined {pipeline}");
         stats.check().unwrap();
         assert_eq!((stats.rounds, stats.empty_rounds, stats.bonuses, stats.drafted), (16, 16, 16, 0));
         assert_eq!(stats.tau, 1.0);
+        // A source that declines the pipeline gets one-token windows instead.
+        assert_eq!(stats.pipelined_steps, if pipeline { 16 } else { 0 }, "n {n}");
     }
     // num_draft_tokens = 0 with real sources: the feeds are absorbed without drafting.
     let mut two = TwoModelSource::new(&target, Sampler::default(), "self");
