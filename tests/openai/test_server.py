@@ -817,7 +817,8 @@ def test_disconnect_in_prefill_stops_the_work(server, stream):
 def test_disconnect_while_queued(server):
     # a long request holds the engine; a second one queued behind it is dropped by its client
     # and must never run: the generated tokens grow by the first one's only
-    long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 60, "temperature": 0, **PLAIN}
+    # long enough (about 3 s here) that the queued request is dropped while this one runs
+    long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 300, "temperature": 0, **PLAIN}
     before = server.metrics()
     done = {}
 
