@@ -215,7 +215,7 @@ impl<'a> DSparkSource<'a> {
         let acc = acceptance.lock().expect("acceptance lock");
         let mut survival = Vec::with_capacity(ratings.len());
         for (k, &rating) in ratings.iter().enumerate() {
-            let next = acc.conditional_around(SurvivalKey::rated(rating), 0, acc.conditional(BLOCK_KEY, k));
+            let next = acc.rated(rating, BLOCK_KEY, k);
             if !keep_drafting(curve, &survival, next, acc.conditional(BLOCK_KEY, k + 1), ratings.len(), |_| 0.0) {
                 return k;
             }

@@ -189,6 +189,20 @@ pub fn round_ratio(curve: &CostCurve, survival: &[f64], k: usize) -> f64 {
     (1.0 + survival[..k.min(survival.len())].iter().sum::<f64>()) / curve.t(1 + k)
 }
 
+/// The best expected ratio of one round over `k in 0..=survival.len()`:
+/// `max_k (1 + sum_{i<=k} s_i) / (t(1 + k) + draft_cost(k))` in one-token steps (`k = 0`, a
+/// plain step, gives `1 / (t(1) + draft_cost(0))`). What a proposal is worth as a whole
+/// window ([`CostCurve::pipeline_plain_steps`]).
+pub fn best_round_ratio(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) -> f64) -> f64 {
+    let mut gain = 1.0;
+    let mut best = 1.0 / (curve.t(1) + draft_cost(0));
+    for (i, s) in survival.iter().enumerate() {
+        gain += s;
+        best = best.max(gain / (curve.t(i + 2) + draft_cost(i + 1)));
+    }
+    best
+}
+
 /// The speed ratio to plain decoding the cost model predicts for a finished request: plain
 /// decoding runs pipelined, [`CostCurve::pipelined`] per token; the request's rounds with `d`
 /// drafts cost `t(1 + d)` each (from `stats.drafted_by_pos`; a window split after a
@@ -322,6 +336,13 @@ impl AcceptanceModel {
             (_, false) => PRIOR_MEAN[bucket],
         };
         self.conditional_around(key, j, prior)
+    }
+
+    /// The acceptance estimate of a draft at position `j` rated `rating` by its drafter
+    /// ([`SurvivalKey::rated`]), its bucket smoothed around `base`'s estimate at `j` (the
+    /// drafter's average acceptance there).
+    pub fn rated(&self, rating: f64, base: SurvivalKey, j: usize) -> f64 {
+        self.conditional_around(SurvivalKey::rated(rating), 0, self.conditional(base, j))
     }
 
     /// The conditional acceptance estimate at position `j`, smoothed around `prior` instead
@@ -704,6 +725,11 @@ mod tests {
         assert!(keep_drafting(&curve, &[], 0.5, 0.5, 16, |_| 0.0));
         // At the cap, never.
         assert!(!keep_drafting(&curve, &[0.9; 4], 1.0, 1.0, 4, |_| 0.0));
+        // The best round's ratio is the maximum of `round_ratio` (k = 0 included).
+        let s = [0.9, 0.81, 0.05];
+        let best = (0..=3).map(|k| round_ratio(&curve, &s, k)).fold(0.0, f64::max);
+        assert!((best_round_ratio(&curve, &s, |_| 0.0) - best).abs() < 1e-12);
+        assert_eq!(best_round_ratio(&curve, &[0.01], |_| 0.0), 1.0);
         // A drafting cost per token stops earlier.
         assert!(keep_drafting(&curve, &[0.7], 0.6, 0.6, 16, |_| 0.0));
         assert!(!keep_drafting(&curve, &[0.7], 0.6, 0.6, 16, |k| 0.5 * k as f64));

@@ -621,9 +621,7 @@ impl DraftSource for SuffixSource {
                     Some(curve) => {
                         let survival =
                             self.acceptance.lock().expect("acceptance lock").survival(key, p.tokens.len().min(n));
-                        value = (0..=survival.len())
-                            .map(|k| crate::policy::round_ratio(curve, &survival, k))
-                            .fold(1.0, f64::max);
+                        value = crate::policy::best_round_ratio(curve, &survival, |_| 0.0);
                         let split = self.after_plain;
                         crate::policy::choose(curve, &survival, |k| crate::policy::split_window_cost(curve, k, split))
                     }

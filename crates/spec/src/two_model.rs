@@ -333,7 +333,7 @@ impl<'a> TwoModelSource<'a> {
         let probs = self.sampler.probs(logits).context(what)?;
         let rating = f64::from(probs.max(&[0], false).context(what)?.to_vec::<f32>().context(what)?[0]);
         let acc = p.acceptance.lock().expect("acceptance lock");
-        let rated = |r: f64, j: usize| acc.conditional_around(SurvivalKey::rated(r), 0, acc.conditional(MODEL_KEY, j));
+        let rated = |r: f64, j: usize| acc.rated(r, MODEL_KEY, j);
         let survival: Vec<f64> = self
             .last_ratings
             .iter()
@@ -549,12 +549,7 @@ impl DraftSource for TwoModelSource<'_> {
     fn pipeline_plain_steps(&self) -> bool {
         let Some(p) = &self.policy else { return true };
         let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, DEFAULT_ADAPTIVE_DRAFT_TOKENS);
-        let mut gain = 1.0;
-        let mut value = 1.0 / p.curve.t(1);
-        for (i, s) in survival.iter().enumerate() {
-            gain += s;
-            value = f64::max(value, gain / (p.curve.t(i + 2) + (i + 1) as f64 * p.per_draft));
-        }
+        let value = crate::policy::best_round_ratio(&p.curve, &survival, |k| k as f64 * p.per_draft);
         p.curve.pipeline_plain_steps(value)
     }
 
