@@ -189,6 +189,54 @@ impl Attention {
         let mask = if causal && l > 1 { AttentionMask::Causal } else { AttentionMask::None };
         self.attend(&q, &k, &v, mask)
     }
+
+    /// [`Attention::forward`] of several requests at once: `x [1, R, H]` holds their rows one
+    /// after another (`lens[i]` rows of request `i`, `R = sum(lens)`), `caches[i]` is request
+    /// `i`'s cache. The projections run once over all `R` rows (each weight row read once for
+    /// every request); queries, keys and values are then split by request, roped from that
+    /// request's offset, appended to its cache and attended causally over it alone, and the
+    /// outputs are concatenated back to `[1, R, H]` for the output projection. Every step is
+    /// row-wise or per request, so a request's rows equal its own [`Attention::forward`]'s
+    /// whenever the projections' kernels are row-invariant (the CPU kernels of
+    /// [`mlx_core::cpu_quant`]).
+    ///
+    /// # Errors
+    /// As [`Attention::forward`]; [`crate::Error::Unsupported`] when `lens` and `caches`
+    /// differ in length.
+    pub fn forward_batch(
+        &self,
+        x: &Array,
+        caches: &mut [&mut (dyn LayerCache + 'static)],
+        lens: &[i32],
+        rope: &Rope,
+    ) -> Result<Array> {
+        if caches.len() != lens.len() {
+            return Err(crate::Error::Unsupported(format!("{} caches for {} requests", caches.len(), lens.len())));
+        }
+        let k_proj = self
+            .k_proj
+            .as_ref()
+            .ok_or_else(|| crate::Error::Unsupported("an attention layer without k_proj".into()))?;
+        let mut linears = vec![&self.q_proj, k_proj];
+        linears.extend(self.v_proj.iter());
+        let ys = forward_many(&linears, x)?;
+        let mut outs = Vec::with_capacity(lens.len());
+        let mut start = 0;
+        for (cache, &l) in caches.iter_mut().zip(lens) {
+            let rows = |y: &Array| y.slice_axis(1, start, start + l);
+            let offset = cache.offset() as i32;
+            let q = rope.apply(&self.heads(&rows(&ys[0])?, self.n_heads, self.q_norm.as_ref(), 1, l)?, offset, self.kernels())?;
+            let v_raw = ys.get(2).map(rows).transpose()?;
+            let (k, v) = self.roped_kv(&rows(&ys[1])?, v_raw.as_ref(), rope, offset, 1, l)?;
+            let (k, v) = cache.update_and_fetch(&k, &v)?;
+            let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
+            let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask, self.kernels())?;
+            outs.push(o.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, -1])?);
+            start += l;
+        }
+        let o = mlx_core::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?;
+        self.o_proj.forward(&o)
+    }
 }
 
 /// The activation of a gated MLP.

@@ -26,4 +26,4 @@ pub use error::{Error, Result};
 pub use generate::{GenerateParams, GenerationStats, PrefillProgress, generate, generate_with_progress};
 pub use model::{LoadOptions, load_model};
 pub use sampling::Sampler;
-pub use transformer::{Family, ForwardOutput, Transformer};
+pub use transformer::{BatchPart, Family, ForwardOutput, Transformer};

@@ -95,6 +95,14 @@ enum Arch {
     Gemma(Box<Gemma>),
 }
 
+/// One request's window in [`Transformer::forward_batch`].
+pub struct BatchPart<'c> {
+    /// Its token ids (at least one).
+    pub tokens: Vec<u32>,
+    /// Its cache, which gains `tokens.len()` positions.
+    pub cache: &'c mut ModelCache,
+}
+
 /// What a forward pass returns.
 pub struct ForwardOutput {
     /// Logits `[B, L, V]` (in the compute dtype).
@@ -295,6 +303,102 @@ impl Transformer {
     pub fn forward_with_taps(&self, tokens: &Array, cache: &mut ModelCache, taps: &[usize]) -> Result<ForwardOutput> {
         let (h, taps) = self.hidden(tokens, cache, taps)?;
         Ok(ForwardOutput { logits: self.head(&h)?, taps })
+    }
+
+    /// One forward over the windows of several requests, each with its own cache: for every
+    /// part, logits `[1, L_i, V]` (and the hidden states after `taps`, `[1, L_i, H]` each)
+    /// equal to those of [`Transformer::forward_with_taps`] of `part.tokens` on `part.cache`
+    /// alone, bit for bit on the CPU kernels; each cache gains its `L_i` positions. The
+    /// llama/qwen decoders run the rows of all parts through every row-wise op (embedding,
+    /// norms, projections, MLP, LM head) at once and attend per part
+    /// ([`crate::blocks::Attention::forward_batch`]); parts are grouped so that no group holds
+    /// more rows than [`Transformer::batch_row_cap`] (dense weights leave the row-invariant
+    /// kernel beyond [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] rows), a part longer than the cap
+    /// forming a group of its own. Gemma runs its parts one after another. Lazy.
+    ///
+    /// # Errors
+    /// As [`Transformer::forward_with_taps`], and [`Error::Unsupported`] for an empty part.
+    pub fn forward_batch(&self, parts: &mut [BatchPart<'_>], taps: &[usize]) -> Result<Vec<ForwardOutput>> {
+        if let Some(i) = parts.iter().position(|p| p.tokens.is_empty()) {
+            return Err(Error::Unsupported(format!("part {i} of a batched forward has no tokens")));
+        }
+        let (embed, blocks, norm, rope) = match &self.arch {
+            Arch::Decoder { embed, blocks, norm, rope, .. } => (embed, blocks, norm, rope),
+            Arch::Gemma(_) => {
+                return parts
+                    .iter_mut()
+                    .map(|p| self.forward_with_taps(&crate::generate::ids(&p.tokens)?, p.cache, taps))
+                    .collect();
+            }
+        };
+        if let Some(&bad) = taps.iter().find(|&&t| t >= blocks.len()) {
+            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", blocks.len())));
+        }
+        if let Some(p) = parts.iter().find(|p| p.cache.layers.len() != blocks.len()) {
+            return Err(Error::Unsupported(format!(
+                "a cache of {} layers for a model of {}",
+                p.cache.layers.len(),
+                blocks.len()
+            )));
+        }
+        let cap = self.batch_row_cap();
+        let mut outputs = Vec::with_capacity(parts.len());
+        let mut rest = parts;
+        while !rest.is_empty() {
+            let mut n = 1;
+            let mut rows = rest[0].tokens.len();
+            while n < rest.len() && rows + rest[n].tokens.len() <= cap {
+                rows += rest[n].tokens.len();
+                n += 1;
+            }
+            let (group, tail) = rest.split_at_mut(n);
+            rest = tail;
+            let lens: Vec<i32> = group.iter().map(|p| p.tokens.len() as i32).collect();
+            let all: Vec<u32> = group.iter().flat_map(|p| p.tokens.iter().copied()).collect();
+            let mut h = embed.forward(&crate::generate::ids(&all)?)?;
+            let mut tapped = vec![None; taps.len()];
+            for (i, block) in blocks.iter().enumerate() {
+                let mut caches: Vec<&mut (dyn LayerCache + 'static)> =
+                    group.iter_mut().map(|p| p.cache.layers[i].as_mut()).collect();
+                let x = block.input_layernorm.forward(&h)?;
+                h = h.add(&block.attn.forward_batch(&x, &mut caches, &lens, rope)?)?;
+                h = h.add(&block.mlp.forward(&block.post_attention_layernorm.forward(&h)?)?)?;
+                for (slot, _) in taps.iter().enumerate().filter(|(_, t)| **t == i) {
+                    tapped[slot] = Some(h.clone());
+                }
+            }
+            let logits = self.head(&norm.forward(&h)?)?;
+            let mut start = 0;
+            for l in lens {
+                let rows = |a: &Array| a.slice_axis(1, start, start + l);
+                let taps = tapped.iter().map(|t| rows(t.as_ref().expect("every tap is < num_layers"))).collect::<mlx_core::Result<_>>()?;
+                outputs.push(ForwardOutput { logits: rows(&logits)?, taps });
+                start += l;
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// The most rows [`Transformer::forward_batch`] puts in one forward: unbounded when every
+    /// projection is quantized (the quantized CPU kernel is row-invariant at any row count),
+    /// [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] when any is dense.
+    pub fn batch_row_cap(&self) -> usize {
+        let Arch::Decoder { blocks, lm_head, embed, .. } = &self.arch else { return usize::MAX };
+        let dense = |l: &Linear| matches!(l, Linear::Dense { .. });
+        let dense_head = match lm_head {
+            Some(head) => dense(head),
+            None => matches!(embed.table, crate::layers::EmbeddingTable::Dense(_)),
+        };
+        let any_dense = dense_head
+            || blocks.iter().any(|b| {
+                let (a, m) = (&b.attn, &b.mlp);
+                [Some(&a.q_proj), a.k_proj.as_ref(), a.v_proj.as_ref(), Some(&a.o_proj)]
+                    .into_iter()
+                    .flatten()
+                    .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
+                    .any(dense)
+            });
+        if any_dense { mlx_core::cpu_quant::DENSE_MAX_ROWS } else { usize::MAX }
     }
 
     /// Runs `tokens [B, L]` through the layers to fill `cache` without computing logits
