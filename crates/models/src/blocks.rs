@@ -225,7 +225,11 @@ impl Attention {
         for (cache, &l) in caches.iter_mut().zip(lens) {
             let rows = |y: &Array| y.slice_axis(1, start, start + l);
             let offset = cache.offset() as i32;
-            let q = rope.apply(&self.heads(&rows(&ys[0])?, self.n_heads, self.q_norm.as_ref(), 1, l)?, offset, self.kernels())?;
+            let q = rope.apply(
+                &self.heads(&rows(&ys[0])?, self.n_heads, self.q_norm.as_ref(), 1, l)?,
+                offset,
+                self.kernels(),
+            )?;
             let v_raw = ys.get(2).map(rows).transpose()?;
             let (k, v) = self.roped_kv(&rows(&ys[1])?, v_raw.as_ref(), rope, offset, 1, l)?;
             let (k, v) = cache.update_and_fetch(&k, &v)?;

@@ -371,7 +371,10 @@ impl Transformer {
             let mut start = 0;
             for l in lens {
                 let rows = |a: &Array| a.slice_axis(1, start, start + l);
-                let taps = tapped.iter().map(|t| rows(t.as_ref().expect("every tap is < num_layers"))).collect::<mlx_core::Result<_>>()?;
+                let taps = tapped
+                    .iter()
+                    .map(|t| rows(t.as_ref().expect("every tap is < num_layers")))
+                    .collect::<mlx_core::Result<_>>()?;
                 outputs.push(ForwardOutput { logits: rows(&logits)?, taps });
                 start += l;
             }

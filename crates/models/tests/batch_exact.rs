@@ -47,7 +47,10 @@ fn check(name: &str) {
         for (i, (cache, w)) in solo.iter_mut().zip(windows).enumerate() {
             let alone = model.forward_with_taps(&ids(w).unwrap(), cache, &taps).unwrap();
             assert_eq!(outs[i].logits.shape(), alone.logits.shape(), "{name} part {i}");
-            assert!(bits(&outs[i].logits) == bits(&alone.logits), "{name}: part {i}'s logits differ from its solo forward");
+            assert!(
+                bits(&outs[i].logits) == bits(&alone.logits),
+                "{name}: part {i}'s logits differ from its solo forward"
+            );
             for (t, (a, b)) in outs[i].taps.iter().zip(&alone.taps).enumerate() {
                 assert!(bits(a) == bits(b), "{name}: part {i}'s tap {t} differs");
             }

@@ -51,6 +51,10 @@ pub enum Error {
         /// What was violated, with the numbers.
         message: String,
     },
+    /// A batched target forward failed; every request in it fails with its message
+    /// ([`crate::batch::Batch::step`]).
+    #[error("the batched target forward failed: {0}")]
+    Batch(String),
     /// An argument is out of range (empty prompt, `ngram_min > ngram_max`, a non-empty cache).
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -432,7 +432,7 @@ pub fn run(
 
 /// Fills the prompt-cache part of `outcome`: trims `cache` (which holds `in_cache`) to the
 /// longest prefix of `in_cache` that was committed and the source's snapshot covers.
-fn keep_for_prompt_cache(
+pub(crate) fn keep_for_prompt_cache(
     outcome: &mut Outcome,
     mut cache: ModelCache,
     mut in_cache: Vec<u32>,
@@ -459,7 +459,7 @@ fn keep_for_prompt_cache(
 /// Hands the tokens of one accept walk to the caller's `on_token`, with their
 /// log-probabilities when the request asked for them; the `i`-th token of the walk is the
 /// target's token at window position `i`, whose logits `row(i)` gives.
-struct Emitter<'f, F> {
+pub(crate) struct Emitter<'f, F> {
     logprobs: Option<usize>,
     on_token: &'f mut F,
     position: usize,
@@ -467,13 +467,13 @@ struct Emitter<'f, F> {
 }
 
 impl<'f, F: FnMut(&Emitted) -> bool> Emitter<'f, F> {
-    fn new(logprobs: Option<usize>, on_token: &'f mut F) -> Self {
+    pub(crate) fn new(logprobs: Option<usize>, on_token: &'f mut F) -> Self {
         Emitter { logprobs, on_token, position: 0, failed: None }
     }
 
     /// Emits `token` (window position `self.position`); `false` stops the walk (the caller
     /// said so, or the log-probabilities failed: [`Emitter::finish`] reports it).
-    fn emit(&mut self, token: u32, row: impl FnOnce(usize) -> Result<Array>) -> bool {
+    pub(crate) fn emit(&mut self, token: u32, row: impl FnOnce(usize) -> Result<Array>) -> bool {
         let i = self.position;
         self.position += 1;
         let logprobs = match self.logprobs.map(|k| row(i).and_then(|r| token_logprobs(&r, token, k))) {
@@ -487,7 +487,7 @@ impl<'f, F: FnMut(&Emitted) -> bool> Emitter<'f, F> {
         (self.on_token)(&Emitted { token, logprobs })
     }
 
-    fn finish(self) -> Result<()> {
+    pub(crate) fn finish(self) -> Result<()> {
         self.failed.map_or(Ok(()), Err)
     }
 }
@@ -527,7 +527,7 @@ impl From<WalkEnd> for Finish {
 
 /// The prompt's last token (the head of the first window) and the number of prompt tokens
 /// the request's cache already holds, after checking that the request can start.
-fn check_request(
+pub(crate) fn check_request(
     prompt: &[u32],
     cache: &ModelCache,
     source: &dyn DraftSource,
@@ -554,7 +554,7 @@ fn check_request(
 }
 
 /// Logs a round at debug level to the `tracing` target `spec::round`.
-fn trace_round(round: usize, step: usize, feed: &[u32], drafts: &[u32], walk: &WalkOutcome) {
+pub(crate) fn trace_round(round: usize, step: usize, feed: &[u32], drafts: &[u32], walk: &WalkOutcome) {
     tracing::debug!(
         target: "spec::round",
         "round {round} step {step} feed {feed:?} drafts {drafts:?} accepted {}/{} next {}",
@@ -672,14 +672,14 @@ pub fn accept_walk(
 /// Caps the drafts per round at the target cache's exact-rollback reach: a window of `k + 1`
 /// tokens whose `k` drafts are all rejected must still roll back. Records a cap below `n`
 /// in [`SpecStats::draft_cap`].
-fn cap_at_rollback_reach(cache: &ModelCache, n: usize, stats: &mut SpecStats) -> usize {
+pub(crate) fn cap_at_rollback_reach(cache: &ModelCache, n: usize, stats: &mut SpecStats) -> usize {
     let reach = cache.rollback_reach().unwrap_or(usize::MAX);
     stats.draft_cap = (reach < n).then_some(reach);
     n.min(reach)
 }
 
 /// Tells `source` how the round went ([`DraftSource::commit`]), timing it.
-fn commit(
+pub(crate) fn commit(
     source: &mut dyn DraftSource,
     drafted: usize,
     accepted: usize,
@@ -696,7 +696,7 @@ fn commit(
 
 /// Asks `source` for up to `n` drafts after `feed` and checks them against the contract: at
 /// most `n` tokens, each inside the target's vocabulary of `vocab` ids.
-fn checked_drafts(
+pub(crate) fn checked_drafts(
     source: &mut dyn DraftSource,
     feed: &[u32],
     n: usize,
@@ -768,7 +768,7 @@ struct Verified {
 
 /// How a verify forward samples its rows: `Some((sampler, step of row 0))` under exact-match
 /// acceptance, `None` under the rejection rule (the walk decides from the rows).
-type RowSampling<'a> = Option<(&'a Sampler, usize)>;
+pub(crate) type RowSampling<'a> = Option<(&'a Sampler, usize)>;
 
 /// One target forward (and one LM head) over `[pending] ++ drafts`, appending the window to
 /// `cache`.
@@ -821,7 +821,23 @@ fn evaluate_window(
     build: Instant,
     profile: &mut RoundProfile,
 ) -> models::Result<Option<Vec<u32>>> {
-    let tokens = match sampling {
+    let tokens = sample_rows_lazy(logits, sampling)?;
+    let forward = Instant::now();
+    profile.build_ms += ms_since(build);
+    match &tokens {
+        Some(t) => mlx_core::eval(&[logits, t])?,
+        None => logits.eval()?,
+    }
+    let host = tokens.map(|t| t.to_vec::<u32>()).transpose()?;
+    profile.forward_ms += ms_since(forward);
+    Ok(host)
+}
+
+/// The request's token at every row of a window's `logits` `[1, T, V]`, lazily (`[T]`
+/// uint32; row `j` is [`Sampler::sample_lazy`] of the row as float32 at step `first + j`,
+/// exactly the ops of [`Sampler::sample`] on that row); `None` without `sampling`.
+pub(crate) fn sample_rows_lazy(logits: &Array, sampling: RowSampling<'_>) -> models::Result<Option<Array>> {
+    Ok(match sampling {
         None => None,
         // Greedy: one argmax over every row (the same comparisons as a row's own argmax).
         Some((sampler, _)) if sampler.is_greedy() => {
@@ -837,25 +853,16 @@ fn evaluate_window(
                 .collect::<models::Result<Vec<_>>>()?;
             Some(mlx_core::stack(&samples.iter().collect::<Vec<_>>(), 0)?)
         }
-    };
-    let forward = Instant::now();
-    profile.build_ms += ms_since(build);
-    match &tokens {
-        Some(t) => mlx_core::eval(&[logits, t])?,
-        None => logits.eval()?,
-    }
-    let host = tokens.map(|t| t.to_vec::<u32>()).transpose()?;
-    profile.forward_ms += ms_since(forward);
-    Ok(host)
+    })
 }
 
 /// Milliseconds since `t`.
-fn ms_since(t: Instant) -> f64 {
+pub(crate) fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
 /// Counts a verified round of `d` drafts.
-fn count_round(stats: &mut SpecStats, d: usize) {
+pub(crate) fn count_round(stats: &mut SpecStats, d: usize) {
     stats.rounds += 1;
     stats.target_forwards += 1;
     if d == 0 {
@@ -868,7 +875,7 @@ fn count_round(stats: &mut SpecStats, d: usize) {
 }
 
 /// Counts what an accept walk emitted.
-fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
+pub(crate) fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
     stats.emitted += walk.emitted.len();
     stats.accepted += walk.accepted;
     for slot in &mut stats.accepted_by_pos[..walk.accepted] {
@@ -883,21 +890,21 @@ fn count_walk(stats: &mut SpecStats, walk: &WalkOutcome) {
 }
 
 /// A verified window as the accept walk reads it.
-struct Window<'a> {
+pub(crate) struct Window<'a> {
     /// The verify forward's logits (`[1, T, V]`).
-    logits: &'a Array,
+    pub(crate) logits: &'a Array,
     /// The request's token at every row of `logits`, sampled with the forward
     /// ([`Verified::tokens`]; `None` under the rejection rule).
-    tokens: Option<&'a [u32]>,
+    pub(crate) tokens: Option<&'a [u32]>,
     /// Window position 0 when a queued head computed it: its logits `[1, 1, V]` and its
     /// sampled token (then `logits` row `i - 1` is position `i`).
-    head: Option<(&'a Array, u32)>,
+    pub(crate) head: Option<(&'a Array, u32)>,
 }
 
 /// The target's side of the accept walk, from the verify logits: at window position `i`
 /// (step `step + i`), the request's sample, or under the rejection rule the Leviathan/Chen
 /// decision on draft `i` against the source's `q` (the bonus is sampled either way).
-struct TargetRows<'a> {
+pub(crate) struct TargetRows<'a> {
     window: Window<'a>,
     sampler: &'a Sampler,
     drafts: &'a [u32],
@@ -910,7 +917,7 @@ struct TargetRows<'a> {
 
 impl<'a> TargetRows<'a> {
     /// Reads the source's draft distributions when the rejection rule applies.
-    fn new(
+    pub(crate) fn new(
         window: Window<'a>,
         sampler: &'a Sampler,
         drafts: &'a [u32],
@@ -924,7 +931,7 @@ impl<'a> TargetRows<'a> {
     }
 
     /// The target's logits `[1, 1, V]` (float32) at window position `i`.
-    fn row(&self, i: usize) -> Result<Array> {
+    pub(crate) fn row(&self, i: usize) -> Result<Array> {
         let logits = self.window.logits;
         let row = match (self.window.head, i) {
             (Some((head, _)), 0) => Ok(head.clone()),
@@ -935,7 +942,7 @@ impl<'a> TargetRows<'a> {
     }
 
     /// The target's token at window position `i`.
-    fn token(&self, i: usize) -> Result<u32> {
+    pub(crate) fn token(&self, i: usize) -> Result<u32> {
         if let Some(tokens) = self.window.tokens {
             return Ok(match (self.window.head, i) {
                 (Some((_, t)), 0) => t,
@@ -965,14 +972,14 @@ impl<'a> TargetRows<'a> {
 
 /// Drops the `n` rejected positions from the target cache; `false` when the cache cannot
 /// drop exactly that many (it may then hold anything: the caller starts a new one).
-fn roll_back(cache: &mut ModelCache, n: usize) -> bool {
+pub(crate) fn roll_back(cache: &mut ModelCache, n: usize) -> bool {
     n == 0 || (cache.can_trim(n) && cache.trim(n) == n)
 }
 
 /// Finishes the request as plain decoding after a failed rollback: a fresh target cache is
 /// prefilled with `committed` (prompt ++ emitted) except its last token `next`, then
 /// [`plain_decode`] goes on from there.
-fn fall_back(
+pub(crate) fn fall_back(
     target: &Transformer,
     committed: &[u32],
     next: u32,
@@ -1043,38 +1050,57 @@ fn prefill_target(
     cancelled: &dyn Fn() -> bool,
     on_chunk: &mut dyn FnMut(usize),
 ) -> Result<Prefill> {
-    let what = |len: usize| move || format!("target prefill of a {len}-token chunk");
     let mut per_layer: Vec<Vec<Array>> = vec![Vec::new(); tap_layers.len()];
     let mut done = 0;
     for chunk in head.chunks(PREFILL_CHUNK) {
         if cancelled() {
             return Ok(Prefill { taps: None, complete: false });
         }
-        let tokens = ids(chunk).context(what(chunk.len()))?;
-        if tap_layers.is_empty() {
-            target.prefill(&tokens, cache).context(what(chunk.len()))?;
-        } else {
-            let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what(chunk.len()))?;
-            let mut to_eval = cache.state();
-            to_eval.extend(out.taps.iter().cloned());
-            mlx_core::eval(&to_eval.iter().collect::<Vec<_>>()).context(what(chunk.len()))?;
-            for (acc, tap) in per_layer.iter_mut().zip(out.taps) {
-                acc.push(tap);
-            }
-        }
+        prefill_chunk(target, cache, chunk, tap_layers, &mut per_layer)?;
         stats.prefill_forwards += 1;
         done += chunk.len();
         on_chunk(done);
     }
-    if tap_layers.is_empty() || head.is_empty() {
-        return Ok(Prefill { taps: None, complete: true });
+    Ok(Prefill { taps: joined_taps(&per_layer)?, complete: true })
+}
+
+/// Prefills `cache` with one `chunk` (evaluated); with `tap_layers`, through
+/// `forward_with_taps` (the logits are never evaluated), pushing each tap layer's
+/// `[1, chunk.len(), H]` onto `per_layer`.
+pub(crate) fn prefill_chunk(
+    target: &Transformer,
+    cache: &mut ModelCache,
+    chunk: &[u32],
+    tap_layers: &[usize],
+    per_layer: &mut [Vec<Array>],
+) -> Result<()> {
+    let what = || format!("target prefill of a {}-token chunk", chunk.len());
+    let tokens = ids(chunk).context(what)?;
+    if tap_layers.is_empty() {
+        return target.prefill(&tokens, cache).context(what);
+    }
+    let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what)?;
+    let mut to_eval = cache.state();
+    to_eval.extend(out.taps.iter().cloned());
+    mlx_core::eval(&to_eval.iter().collect::<Vec<_>>()).context(what)?;
+    for (acc, tap) in per_layer.iter_mut().zip(out.taps) {
+        acc.push(tap);
+    }
+    Ok(())
+}
+
+/// The prefill taps of all chunks, one `[1, head, H]` array per tap layer; `None` without
+/// tap layers or chunks.
+pub(crate) fn joined_taps(per_layer: &[Vec<Array>]) -> Result<Option<Vec<Array>>> {
+    if per_layer.first().is_none_or(Vec::is_empty) {
+        return Ok(None);
     }
     let taps = per_layer
         .iter()
         .map(|parts| concatenate(&parts.iter().collect::<Vec<_>>(), 1))
         .collect::<mlx_core::Result<Vec<_>>>()
         .context(|| "concatenating prefill taps".to_string())?;
-    Ok(Prefill { taps: Some(taps), complete: true })
+    Ok(Some(taps))
 }
 
 /// The drafter's distributions of the last `d` drafts as one host vector of `d` rows

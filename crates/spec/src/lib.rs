@@ -43,6 +43,7 @@
 //! ```
 
 pub mod ab;
+pub mod batch;
 pub mod dspark;
 mod error;
 mod executor;
