@@ -54,9 +54,14 @@ pub(crate) struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long)]
     api_key: Option<String>,
-    /// Requests that may wait while one runs; more are answered 503 with Retry-After.
+    /// Requests that may wait while the batch is full; more are answered 503 with Retry-After.
     #[arg(long, default_value_t = server::config::DEFAULT_MAX_QUEUE, allow_negative_numbers = true)]
     max_queue: usize,
+    /// Requests decoding together (continuous batching: one target forward per round over
+    /// every request's verify window; each request's output is the one it gets alone); 1
+    /// runs one request at a time [default: 4 per core, 4 to 32].
+    #[arg(long, allow_negative_numbers = true)]
+    max_batch: Option<usize>,
     /// Accept the `x_test_fault` request field (tests only).
     #[arg(long, hide = true)]
     test_faults: bool,
@@ -72,6 +77,9 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
         _ => bail!("--chat-template-args {}: expected a JSON object", a.chat_template_args),
     };
     let chat_template = a.chat_template.as_deref().map(chat_template).transpose()?;
+    if a.max_batch == Some(0) {
+        bail!("--max-batch 0: expected at least 1 (1 runs one request at a time)");
+    }
     let model_dir = target_dir(a.model.as_deref())?;
     let config = ServeConfig {
         host: a.host,
@@ -87,6 +95,7 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
         served_model_name: a.served_model_name,
         api_key: a.api_key,
         max_queue: a.max_queue,
+        max_batch: a.max_batch.unwrap_or_else(server::config::default_max_batch),
         test_faults: a.test_faults,
         ..ServeConfig::new(model_dir)
     };

@@ -6,6 +6,8 @@
 //! `ngram`), which cost nothing to keep, so a request may pick any of them with the
 //! extension field `draft_kind` (`model` only when a draft model was loaded; `none` decodes
 //! plainly, as does `num_draft_tokens: 0`).
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -13,10 +15,13 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use models::tokenizer::Tokenizer;
 use models::{GenerateParams, LoadOptions, ModelCache, Sampler, Transformer, load_model};
+use spec::batch::{Batch, BatchRequest};
 use spec::providers::{DraftKind, DraftTarget, DrafterArgs, DrafterSpec, LoadedDrafter, NgramSpec, SuffixSpec};
-use spec::{Acceptance, DraftSnapshot, DraftSource, NoDrafts, SpecOptions};
+use spec::{Acceptance, DraftSnapshot, DraftSource, Emitted, NoDrafts, Outcome, SpecOptions};
 
-use crate::engine::{Backend, Gauges, JobSpec, Summary, Token};
+use crate::engine::{
+    Admitted, Backend, Gauges, JobQueue, JobSpec, Summary, Token, panicked, publish, serve_one_at_a_time,
+};
 use crate::prompt_cache::{Payload, PromptCache};
 
 /// The drafter kinds a server started with `drafting` offers per request: `none`, `suffix`,
@@ -42,6 +47,8 @@ pub struct LoadSpec {
     pub prompt_cache_size: usize,
     /// Prompt-cache byte budget.
     pub prompt_cache_bytes: usize,
+    /// Requests decoding together (`--max-batch`; 1: one at a time).
+    pub max_batch: usize,
 }
 
 /// A prompt-cache entry's payload: the target's KV state and the drafter's snapshot.
@@ -62,12 +69,26 @@ impl Payload for CachedState {
 /// The target, its drafters, the prompt cache and the request defaults; lives on the engine
 /// thread.
 pub struct SpecBackend {
+    models: Models,
+    prompt_cache: PromptCache<CachedState>,
+    max_batch: usize,
+}
+
+/// What requests read and never change: the target, the drafters and the defaults.
+struct Models {
     model: Transformer,
     eos: Vec<u32>,
     default_kind: DraftKind,
     acceptance: Acceptance,
     drafters: Vec<(DraftKind, LoadedDrafter)>,
-    prompt_cache: PromptCache<CachedState>,
+}
+
+/// A request ready to run: its source, its [`spec::batch::BatchRequest`] (a prompt-cache
+/// hit's cache and snapshot in it), and its drafter kind (the prompt cache's key).
+struct Opened<'a> {
+    source: Box<dyn DraftSource + 'a>,
+    request: BatchRequest,
+    key: &'static str,
 }
 
 impl SpecBackend {
@@ -102,30 +123,31 @@ impl SpecBackend {
                 .open(&model, &Sampler::default())
                 .with_context(|| format!("opening the {} drafter", kind.as_str()))?;
         }
-        tracing::info!(model = %dir.display(), drafter = %drafting.describe(), "model loaded");
-        Ok(SpecBackend {
+        tracing::info!(model = %dir.display(), drafter = %drafting.describe(), max_batch = spec.max_batch, "model loaded");
+        let models = Models {
             model,
             eos: tokenizer.eos_ids().to_vec(),
             default_kind,
             acceptance: spec.drafting.acceptance,
             drafters,
+        };
+        Ok(SpecBackend {
+            models,
             prompt_cache: PromptCache::new(spec.prompt_cache_size, spec.prompt_cache_bytes),
+            max_batch: spec.max_batch.max(1),
         })
     }
 }
 
-impl Backend for SpecBackend {
-    fn generate(
-        &mut self,
-        job: &JobSpec,
-        cancel: &AtomicBool,
-        on_token: &mut dyn FnMut(Token) -> bool,
-    ) -> anyhow::Result<Summary> {
+impl Models {
+    /// Opens `job`'s drafter and takes the longest prompt-cache prefix its source can resume
+    /// from (its own snapshot only from an entry of its own kind).
+    fn open(&self, job: &JobSpec, prompt_cache: &mut PromptCache<CachedState>) -> anyhow::Result<Opened<'_>> {
         let params = GenerateParams { max_tokens: job.max_tokens, sampler: job.sampler.clone(), eos: self.eos.clone() };
         let kind =
             if job.num_draft_tokens == Some(0) { DraftKind::None } else { job.draft_kind.unwrap_or(self.default_kind) };
         let drafter = self.drafters.iter().find(|(k, _)| *k == kind).map(|(_, d)| d);
-        let (mut source, options): (Box<dyn DraftSource + '_>, _) = match drafter {
+        let (source, options): (Box<dyn DraftSource + '_>, _) = match drafter {
             Some(d) => {
                 let acceptance = if kind == self.default_kind { self.acceptance } else { Acceptance::ExactMatch };
                 let n = job.num_draft_tokens.unwrap_or(d.num_draft_tokens);
@@ -134,9 +156,7 @@ impl Backend for SpecBackend {
             None => (Box::new(NoDrafts), SpecOptions { num_draft_tokens: 0, acceptance: Acceptance::ExactMatch }),
         };
         let key = kind.as_str();
-        // The longest cached prefix this source can resume from (its own snapshot only from
-        // an entry of its own kind).
-        let hit = self.prompt_cache.lookup(&job.prompt, |e, reuse| {
+        let hit = prompt_cache.lookup(&job.prompt, |e, reuse| {
             let snapshot = if e.kind == key { e.payload.draft_state.as_ref() } else { None };
             source.can_resume(reuse, snapshot)
         });
@@ -147,51 +167,155 @@ impl Backend for SpecBackend {
             }
             None => (self.model.make_cache(), None),
         };
+        let request = BatchRequest {
+            prompt: job.prompt.clone(),
+            params,
+            options,
+            cache,
+            draft_state,
+            logprobs: job.logprobs,
+            cancel: None,
+        };
+        Ok(Opened { source, request, key })
+    }
+}
+
+/// The request's [`Summary`]; its cache goes into the prompt cache under `key`.
+fn conclude(outcome: Outcome, key: &'static str, prompt_cache: &mut PromptCache<CachedState>) -> Summary {
+    let stats = &outcome.stats;
+    let summary = Summary {
+        finish: Some(outcome.finish),
+        prompt_tokens: stats.prompt_tokens,
+        cached_tokens: stats.cached_tokens,
+        completion_tokens: stats.emitted,
+        rounds: stats.rounds,
+        draft_rounds: stats.rounds - stats.empty_rounds,
+        drafted: stats.drafted,
+        accepted: stats.accepted,
+        accepted_by_pos: stats.accepted_by_pos.clone(),
+        tau: stats.tau,
+        prefill_ms: stats.prefill_ms,
+        decode_ms: stats.decode_ms,
+        fell_back: stats.fallback_at.is_some(),
+    };
+    if let Some(cache) = outcome.cache
+        && !outcome.cached_tokens.is_empty()
+    {
+        let nbytes = cache.nbytes();
+        let state = CachedState { cache, draft_state: outcome.draft_state, nbytes };
+        prompt_cache.insert(outcome.cached_tokens, key, state);
+    }
+    summary
+}
+
+impl Backend for SpecBackend {
+    fn generate(
+        &mut self,
+        job: &JobSpec,
+        cancel: &AtomicBool,
+        on_token: &mut dyn FnMut(Token) -> bool,
+    ) -> anyhow::Result<Summary> {
+        let Opened { mut source, request, key } = self.models.open(job, &mut self.prompt_cache)?;
+        let BatchRequest { prompt, params, options, cache, draft_state, logprobs, .. } = request;
         let request = spec::Request {
-            prompt: &job.prompt,
+            prompt: &prompt,
             params: &params,
             options,
             cache,
             draft_state,
             cancel: Some(cancel),
-            logprobs: job.logprobs,
+            logprobs,
             progress: None,
         };
-        let outcome = spec::run(&self.model, source.as_mut(), request, |e| {
+        let outcome = spec::run(&self.models.model, source.as_mut(), request, |e| {
             on_token(Token { id: e.token, logprobs: e.logprobs.clone() })
         })?;
         drop(source);
-        let stats = &outcome.stats;
-        let summary = Summary {
-            finish: Some(outcome.finish),
-            prompt_tokens: stats.prompt_tokens,
-            cached_tokens: stats.cached_tokens,
-            completion_tokens: stats.emitted,
-            rounds: stats.rounds,
-            draft_rounds: stats.rounds - stats.empty_rounds,
-            drafted: stats.drafted,
-            accepted: stats.accepted,
-            accepted_by_pos: stats.accepted_by_pos.clone(),
-            tau: stats.tau,
-            prefill_ms: stats.prefill_ms,
-            decode_ms: stats.decode_ms,
-            fell_back: stats.fallback_at.is_some(),
-        };
-        if let Some(cache) = outcome.cache
-            && !outcome.cached_tokens.is_empty()
-        {
-            let nbytes = cache.nbytes();
-            let state = CachedState { cache, draft_state: outcome.draft_state, nbytes };
-            self.prompt_cache.insert(outcome.cached_tokens, key, state);
-        }
-        Ok(summary)
+        Ok(conclude(outcome, key, &mut self.prompt_cache))
     }
 
     fn gauges(&self) -> Gauges {
-        Gauges {
-            cache_bytes: self.prompt_cache.bytes(),
-            cache_entries: self.prompt_cache.len(),
-            active_memory: mlx_core::memory::active(),
+        gauges(&self.prompt_cache)
+    }
+
+    /// Continuous batching ([`spec::batch::Batch`]) with `--max-batch` above 1: new requests
+    /// join between rounds (up to `max_batch` at once) and prefill chunk by chunk while the
+    /// others decode; each request's tokens are those it gets alone. With `--max-batch 1`,
+    /// one request at a time through [`spec::run`].
+    fn serve(&mut self, queue: &mut dyn JobQueue) {
+        if self.max_batch <= 1 {
+            return serve_one_at_a_time(self, queue);
+        }
+        let SpecBackend { models, prompt_cache, max_batch } = self;
+        // A panic inside a round fails the requests of that batch; the next batch starts
+        // afresh.
+        while !queue.is_closed() {
+            let mut running: HashMap<u64, (Admitted, &'static str)> = HashMap::new();
+            let mut batch = Batch::new(&models.model);
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                serve_batch(models, prompt_cache, *max_batch, queue, &mut batch, &mut running)
+            }));
+            drop(batch);
+            if let Err(p) = outcome {
+                let message = format!("{:#}", panicked(p.as_ref()));
+                for (_, (job, _)) in running.drain() {
+                    job.finish(Err(anyhow::anyhow!("{message}")));
+                }
+            }
+        }
+    }
+}
+
+fn gauges(prompt_cache: &PromptCache<CachedState>) -> Gauges {
+    Gauges {
+        cache_bytes: prompt_cache.bytes(),
+        cache_entries: prompt_cache.len(),
+        active_memory: mlx_core::memory::active(),
+    }
+}
+
+/// Runs batch steps until the queue closes: takes new jobs into `batch` while it has room
+/// (waiting for one when it is empty), steps it, and finishes the requests that end.
+fn serve_batch<'m>(
+    models: &'m Models,
+    prompt_cache: &mut PromptCache<CachedState>,
+    max_batch: usize,
+    queue: &mut dyn JobQueue,
+    batch: &mut Batch<'m>,
+    running: &mut HashMap<u64, (Admitted, &'static str)>,
+) {
+    loop {
+        while batch.len() < max_batch {
+            let Some(job) = queue.next(batch.is_empty()) else { break };
+            let opened = models.open(job.spec(), prompt_cache);
+            let added = opened.and_then(|Opened { source, mut request, key }| {
+                request.cancel = Some(job.cancel_flag());
+                let mut sink = job.sink();
+                let on_token =
+                    Box::new(move |e: &Emitted| sink.send(Token { id: e.token, logprobs: e.logprobs.clone() }));
+                Ok((batch.add(source, request, on_token)?, key))
+            });
+            match added {
+                Ok((id, key)) => {
+                    running.insert(id, (job, key));
+                }
+                Err(e) => job.finish(Err(e)),
+            }
+        }
+        if queue.is_closed() || batch.is_empty() {
+            return;
+        }
+        let finished = batch.step();
+        let metrics = queue.metrics();
+        if let Some(shape) = batch.last_round() {
+            metrics.batch_size.set(shape.requests as i64);
+            metrics.batch_rows.observe(shape.rows as f64);
+        }
+        for done in finished {
+            let Some((job, key)) = running.remove(&done.id) else { continue };
+            let result = done.result.map(|outcome| conclude(outcome, key, prompt_cache)).map_err(anyhow::Error::from);
+            publish(metrics, gauges(prompt_cache));
+            job.finish(result);
         }
     }
 }

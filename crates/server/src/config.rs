@@ -10,7 +10,7 @@ use spec::providers::DrafterArgs;
 pub const DEFAULT_MAX_TOKENS: usize = 512;
 /// The default `--prompt-cache-size` (entries; mlx_lm.server's).
 pub const DEFAULT_PROMPT_CACHE_SIZE: usize = 10;
-/// The default `--max-queue`: requests waiting while one runs.
+/// The default `--max-queue`: requests waiting while the batch is full.
 pub const DEFAULT_MAX_QUEUE: usize = 64;
 /// The largest request body accepted, bytes (long prompts).
 pub const BODY_LIMIT: usize = 64 << 20;
@@ -51,8 +51,11 @@ pub struct ServeConfig {
     pub served_model_name: Option<String>,
     /// The Bearer key every request but `/health` must carry (`--api-key`).
     pub api_key: Option<String>,
-    /// Requests that may wait while one runs (`--max-queue`); more get 503.
+    /// Requests that may wait while `max_batch` run (`--max-queue`); more get 503.
     pub max_queue: usize,
+    /// Requests decoding together (`--max-batch`, continuous batching; 1: one at a time).
+    /// Default [`default_max_batch`].
+    pub max_batch: usize,
     /// Accept the `x_test_fault` request field (hidden `--test-faults`).
     pub test_faults: bool,
 }
@@ -75,6 +78,7 @@ impl ServeConfig {
             served_model_name: None,
             api_key: None,
             max_queue: DEFAULT_MAX_QUEUE,
+            max_batch: default_max_batch(),
             test_faults: false,
         }
     }
@@ -90,6 +94,14 @@ impl ServeConfig {
     pub fn cache_bytes(&self) -> usize {
         self.prompt_cache_bytes.unwrap_or_else(default_cache_bytes)
     }
+}
+
+/// The default `--max-batch`: 4 requests per core, between 4 and 32 (8 on two cores). On the
+/// CPU a one-token step reads every weight for one row; the rows of 8 requests cost a few
+/// times one row (`cargo xtask bench serve`).
+pub fn default_max_batch() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (4 * cores).clamp(4, 32)
 }
 
 /// The default prompt-cache byte budget: a quarter of the machine's memory (`/proc/meminfo`),

@@ -1,8 +1,10 @@
 //! The engine thread: MLX arrays are `!Send`, so one thread (`mlx-engine`) loads and owns the
-//! target, the drafters and the prompt cache, and runs one request at a time.
+//! target, the drafters and the prompt cache, and runs the requests: one at a time
+//! ([`serve_one_at_a_time`], the default of [`Backend::serve`]) or several together in one
+//! batch (`SpecBackend`'s continuous batching, `--max-batch`).
 //!
 //! ```text
-//! handler --submit--> [admission: --max-queue + 1 permits, else 503] --job channel--> engine
+//! handler --submit--> [admission: --max-queue + running permits, else 503] --job channel--> engine
 //!    ^                                                                                 |
 //!    +------------- per-request unbounded event channel (Token*, Done | Failed) -------+
 //! ```
@@ -134,6 +136,143 @@ pub trait Backend {
     fn gauges(&self) -> Gauges {
         Gauges::default()
     }
+
+    /// Serves the jobs of `queue` until it closes (every sender gone, or an injected
+    /// `kill_engine`). The default runs them one at a time through [`Backend::generate`]
+    /// ([`serve_one_at_a_time`]); a batching backend takes new jobs between its rounds.
+    fn serve(&mut self, queue: &mut dyn JobQueue)
+    where
+        Self: Sized,
+    {
+        serve_one_at_a_time(self, queue);
+    }
+}
+
+/// The engine's side of [`Backend::serve`]: the queued jobs.
+pub trait JobQueue {
+    /// The next job to run: waits for one when `wait` (`None`: the queue closed), else
+    /// `None` at once when none is queued. Cancelled jobs are skipped, injected faults
+    /// handled (a failing or panicking request fails here; `kill_engine` closes the queue).
+    fn next(&mut self, wait: bool) -> Option<Admitted>;
+
+    /// Whether the queue has closed: the backend should return, dropping what it runs (their
+    /// clients see the engine gone).
+    fn is_closed(&self) -> bool;
+
+    /// The server's metrics (gauges, batch shape).
+    fn metrics(&self) -> &Metrics;
+}
+
+/// A job taken off the queue, as a backend runs it: its [`JobSpec`], its cancel flag, a
+/// [`TokenSink`] for its tokens and [`Admitted::finish`] for its end. Dropping it unfinished
+/// closes the client's event channel (the handler answers that the engine went away).
+pub struct Admitted {
+    job: Job,
+    metrics: Arc<Metrics>,
+}
+
+/// Where a running request's tokens go; records time to first token and inter-token
+/// latency.
+pub struct TokenSink {
+    events: mpsc::UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    arrived: Instant,
+    last: Option<Instant>,
+    metrics: Arc<Metrics>,
+}
+
+impl TokenSink {
+    /// Sends `t`; `false` when the request should stop (cancelled, a stop string matched, or
+    /// the client went away).
+    pub fn send(&mut self, t: Token) -> bool {
+        if self.cancel.load(Ordering::Relaxed) || self.stop.load(Ordering::Relaxed) || self.events.is_closed() {
+            return false;
+        }
+        let now = Instant::now();
+        match self.last {
+            None => self.metrics.time_to_first_token.observe((now - self.arrived).as_secs_f64()),
+            Some(prev) => self.metrics.inter_token_latency.observe((now - prev).as_secs_f64()),
+        }
+        self.last = Some(now);
+        self.events.send(Event::Token(t)).is_ok()
+    }
+}
+
+impl Admitted {
+    /// The request.
+    pub fn spec(&self) -> &JobSpec {
+        &self.job.spec
+    }
+
+    /// Its cancel flag (set when the client goes away).
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.job.cancel.clone()
+    }
+
+    /// A sink for its tokens.
+    pub fn sink(&self) -> TokenSink {
+        TokenSink {
+            events: self.job.events.clone(),
+            cancel: self.job.cancel.clone(),
+            stop: self.job.stop.clone(),
+            arrived: self.job.arrived,
+            last: None,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Ends the request with `result` (an `Err` is sent to the client as the failure's
+    /// message): records its metrics, frees its admission slot, then sends `Done` or
+    /// `Failed`.
+    pub fn finish(mut self, result: anyhow::Result<Summary>) {
+        let event = record(&self.metrics, &self.job, result);
+        self.metrics.requests_running.dec();
+        // Free the request's queue slot before its client hears it is done, so a client that
+        // sends its next request at once finds the slot free.
+        drop(self.job.permit.take());
+        let _ = self.job.events.send(event);
+    }
+}
+
+/// The error of a job's injected `error` or `panic` fault (`--test-faults`); the panic is
+/// raised and caught as a backend's would be.
+pub fn injected_failure(spec: &JobSpec) -> Option<anyhow::Error> {
+    match spec.fault {
+        Some(Fault::Error) => Some(anyhow::anyhow!("an injected error (x_test_fault: error)")),
+        Some(Fault::Panic) => {
+            let p = catch_unwind(|| panic!("an injected panic (x_test_fault: panic)")).expect_err("it panics");
+            Some(panicked(p.as_ref()))
+        }
+        _ => None,
+    }
+}
+
+/// The error a request fails with when its backend call panicked.
+pub fn panicked(p: &(dyn std::any::Any + Send)) -> anyhow::Error {
+    let msg = panic_message(p);
+    tracing::error!("request panicked: {msg}");
+    anyhow::anyhow!("the request failed inside the engine (a panic: {msg})")
+}
+
+/// [`Backend::serve`]'s default: each job in turn through [`Backend::generate`], under
+/// `catch_unwind` (a panic fails that request only), gauges published after each.
+pub fn serve_one_at_a_time<B: Backend>(backend: &mut B, queue: &mut dyn JobQueue) {
+    while let Some(job) = queue.next(true) {
+        let mut sink = job.sink();
+        let result =
+            catch_unwind(AssertUnwindSafe(|| backend.generate(job.spec(), &job.job.cancel, &mut |t| sink.send(t))))
+                .unwrap_or_else(|p| Err(panicked(p.as_ref())));
+        publish(queue.metrics(), backend.gauges());
+        job.finish(result);
+    }
+}
+
+/// Sets the gauges' metrics.
+pub fn publish(metrics: &Metrics, g: Gauges) {
+    metrics.prompt_cache_bytes.set(g.cache_bytes as i64);
+    metrics.prompt_cache_entries.set(g.cache_entries as i64);
+    metrics.mlx_active_memory_bytes.set(g.active_memory as i64);
 }
 
 /// The engine's state as `/health` reports it.
@@ -235,11 +374,17 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 impl EngineHandle {
     /// Starts the engine thread: it runs `load` (on the thread: the backend need not be
-    /// `Send`), then serves jobs. `max_queue` requests may wait while one runs; more get 503.
+    /// `Send`), then serves jobs. `max_queue` requests may wait while up to `max_running`
+    /// run (the backend's batch size); more get 503.
     ///
     /// # Errors
     /// The OS refused to spawn the thread.
-    pub fn start<B, F>(load: F, max_queue: usize, metrics: Arc<Metrics>) -> std::io::Result<EngineHandle>
+    pub fn start<B, F>(
+        load: F,
+        max_queue: usize,
+        max_running: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<EngineHandle>
     where
         B: Backend + 'static,
         F: FnOnce() -> anyhow::Result<B> + Send + 'static,
@@ -247,7 +392,9 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = EngineHandle {
             jobs: tx,
-            admission: Arc::new(Semaphore::new(max_queue.saturating_add(1).min(Semaphore::MAX_PERMITS))),
+            admission: Arc::new(Semaphore::new(
+                max_queue.saturating_add(max_running.max(1)).min(Semaphore::MAX_PERMITS),
+            )),
             health: Arc::new(Mutex::new(Health::Loading)),
             metrics,
         };
@@ -301,7 +448,7 @@ impl EngineHandle {
 
 fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
     load: F,
-    mut jobs: mpsc::UnboundedReceiver<Job>,
+    jobs: mpsc::UnboundedReceiver<Job>,
     health: Arc<Mutex<Health>>,
     metrics: Arc<Metrics>,
 ) {
@@ -321,59 +468,73 @@ fn run<B: Backend, F: FnOnce() -> anyhow::Result<B>>(
     *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Ready;
     metrics.engine_alive.set(1);
     tracing::info!("engine ready");
-    while let Some(mut job) = jobs.blocking_recv() {
-        metrics.requests_waiting.dec();
-        if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
-            metrics.finished("cancelled");
-            continue;
-        }
-        if job.spec.fault == Some(Fault::KillEngine) {
-            guard.why = "killed by an injected fault (x_test_fault: kill_engine)".into();
-            // Dead before the client hears of it: its next /health must say so.
-            *health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(guard.why.clone());
-            let _ = job.events.send(Event::Failed("the engine was killed (x_test_fault: kill_engine)".into()));
-            // Queued jobs are dropped with the receiver: their handlers see the channel close.
-            return;
-        }
-        metrics.request_queue_time.observe(job.arrived.elapsed().as_secs_f64());
-        metrics.requests_running.inc();
-        let event = serve_one(&mut backend, &job, &metrics);
-        metrics.requests_running.dec();
-        let g = backend.gauges();
-        metrics.prompt_cache_bytes.set(g.cache_bytes as i64);
-        metrics.prompt_cache_entries.set(g.cache_entries as i64);
-        metrics.mlx_active_memory_bytes.set(g.active_memory as i64);
-        // Free the request's queue slot before its client hears it is done, so a client that
-        // sends its next request at once finds the slot free.
-        drop(job.permit.take());
-        let _ = job.events.send(event);
-    }
-    guard.why = "the server is shutting down".into();
+    let mut queue = Queue { jobs: Some(jobs), health, metrics, why: None };
+    backend.serve(&mut queue);
+    guard.why = queue.why.unwrap_or_else(|| "the server is shutting down".into());
 }
 
-/// Runs one job under `catch_unwind`; returns its last event and records its metrics.
-fn serve_one<B: Backend>(backend: &mut B, job: &Job, metrics: &Metrics) -> Event {
-    let mut last: Option<Instant> = None;
-    let mut on_token = |t: Token| {
-        if job.cancel.load(Ordering::Relaxed) || job.stop.load(Ordering::Relaxed) || job.events.is_closed() {
-            return false;
+/// The engine thread's [`JobQueue`] over the job channel.
+struct Queue {
+    /// `None` once closed (an injected `kill_engine`): the queued jobs are dropped with it
+    /// and their handlers see the channel close.
+    jobs: Option<mpsc::UnboundedReceiver<Job>>,
+    health: Arc<Mutex<Health>>,
+    metrics: Arc<Metrics>,
+    /// Why the queue closed, when it was killed.
+    why: Option<String>,
+}
+
+impl JobQueue for Queue {
+    fn next(&mut self, wait: bool) -> Option<Admitted> {
+        loop {
+            let jobs = self.jobs.as_mut()?;
+            let job = if wait { jobs.blocking_recv() } else { jobs.try_recv().ok() };
+            let Some(mut job) = job else {
+                if wait {
+                    self.jobs = None;
+                }
+                return None;
+            };
+            self.metrics.requests_waiting.dec();
+            if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
+                self.metrics.finished("cancelled");
+                continue;
+            }
+            if job.spec.fault == Some(Fault::KillEngine) {
+                let why = "killed by an injected fault (x_test_fault: kill_engine)".to_string();
+                // Dead before the client hears of it: its next /health must say so.
+                *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Dead(why.clone());
+                let _ = job.events.send(Event::Failed("the engine was killed (x_test_fault: kill_engine)".into()));
+                self.why = Some(why);
+                self.jobs = None;
+                drop(job.permit.take());
+                return None;
+            }
+            self.metrics.request_queue_time.observe(job.arrived.elapsed().as_secs_f64());
+            self.metrics.requests_running.inc();
+            let admitted = Admitted { job, metrics: self.metrics.clone() };
+            if let Some(e) = injected_failure(admitted.spec()) {
+                admitted.finish(Err(e));
+                continue;
+            }
+            return Some(admitted);
         }
-        let now = Instant::now();
-        match last {
-            None => metrics.time_to_first_token.observe((now - job.arrived).as_secs_f64()),
-            Some(prev) => metrics.inter_token_latency.observe((now - prev).as_secs_f64()),
-        }
-        last = Some(now);
-        job.events.send(Event::Token(t)).is_ok()
-    };
-    let result = catch_unwind(AssertUnwindSafe(|| match job.spec.fault {
-        Some(Fault::Error) => Err(anyhow::anyhow!("an injected error (x_test_fault: error)")),
-        Some(Fault::Panic) => panic!("an injected panic (x_test_fault: panic)"),
-        _ => backend.generate(&job.spec, &job.cancel, &mut on_token),
-    }));
+    }
+
+    fn is_closed(&self) -> bool {
+        self.jobs.is_none()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+/// Records a finished request's metrics; returns its last event.
+fn record(metrics: &Metrics, job: &Job, result: anyhow::Result<Summary>) -> Event {
     metrics.e2e_request_latency.observe(job.arrived.elapsed().as_secs_f64());
     match result {
-        Ok(Ok(summary)) => {
+        Ok(summary) => {
             metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
             metrics.generation_tokens.inc_by(summary.completion_tokens as u64);
             metrics.prompt_tokens_cached.inc_by(summary.cached_tokens as u64);
@@ -395,16 +556,10 @@ fn serve_one<B: Backend>(backend: &mut B, job: &Job, metrics: &Metrics) -> Event
             metrics.finished(reason);
             Event::Done(summary)
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             tracing::warn!("request failed: {e:#}");
             metrics.finished("error");
             Event::Failed(format!("{e:#}"))
-        }
-        Err(p) => {
-            let msg = panic_message(p.as_ref());
-            tracing::error!("request panicked: {msg}");
-            metrics.finished("error");
-            Event::Failed(format!("the request failed inside the engine (a panic: {msg})"))
         }
     }
 }
@@ -461,7 +616,7 @@ pub(crate) mod tests {
 
     fn start(pause_ms: u64, max_queue: usize) -> EngineHandle {
         let pause = Duration::from_millis(pause_ms);
-        EngineHandle::start(move || Ok(Counting { pause }), max_queue, Arc::new(Metrics::new())).unwrap()
+        EngineHandle::start(move || Ok(Counting { pause }), max_queue, 1, Arc::new(Metrics::new())).unwrap()
     }
 
     fn drain(t: &mut Ticket) -> (Vec<u32>, Option<Event>) {
@@ -543,6 +698,7 @@ pub(crate) mod tests {
                 Ok(Counting { pause: Duration::ZERO })
             },
             4,
+            1,
             Arc::default(),
         )
         .unwrap();
@@ -554,8 +710,9 @@ pub(crate) mod tests {
 
     #[test]
     fn a_failed_load_is_a_dead_engine() {
-        let e = EngineHandle::start(|| -> anyhow::Result<Counting> { anyhow::bail!("no weights") }, 1, Arc::default())
-            .unwrap();
+        let e =
+            EngineHandle::start(|| -> anyhow::Result<Counting> { anyhow::bail!("no weights") }, 1, 1, Arc::default())
+                .unwrap();
         wait_for(|| matches!(e.health(), Health::Dead(_)));
         let Health::Dead(why) = e.health() else { unreachable!() };
         assert!(why.contains("no weights"), "{why}");

@@ -108,10 +108,12 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<Server> {
         drafting: config.drafting.clone(),
         prompt_cache_size: config.prompt_cache_size,
         prompt_cache_bytes: config.cache_bytes(),
+        max_batch: config.max_batch,
     };
     let tok = tokenizer.clone();
-    let engine = EngineHandle::start(move || SpecBackend::load(&load, &tok), config.max_queue, metrics)
-        .context("starting the engine thread")?;
+    let engine =
+        EngineHandle::start(move || SpecBackend::load(&load, &tok), config.max_queue, config.max_batch, metrics)
+            .context("starting the engine thread")?;
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("binding {}:{}", config.host, config.port))?;

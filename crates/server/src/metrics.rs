@@ -19,7 +19,7 @@ pub type Labels = Vec<(String, String)>;
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Requests the engine is generating for (0 or 1: one engine thread).
+    /// Requests the engine is generating for (up to `--max-batch`).
     pub requests_running: Gauge<i64, AtomicI64>,
     /// Requests admitted and waiting for the engine.
     pub requests_waiting: Gauge<i64, AtomicI64>,
@@ -66,6 +66,10 @@ pub struct Metrics {
     pub engine_alive: Gauge<i64, AtomicI64>,
     /// Mean acceptance length of the last request (tau), for a glance.
     pub last_tau: Gauge<f64, AtomicU64>,
+    /// Requests in the last batched target forward (continuous batching).
+    pub batch_size: Gauge<i64, AtomicI64>,
+    /// Rows (tokens of every request's verify window) per batched target forward.
+    pub batch_rows: Histogram,
 }
 
 fn latency() -> Histogram {
@@ -107,6 +111,8 @@ impl Metrics {
             spec_decode_fallbacks: Counter::default(),
             engine_alive: Gauge::default(),
             last_tau: Gauge::default(),
+            batch_size: Gauge::default(),
+            batch_rows: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
         };
         let r = &mut m.registry;
         let p = |name: &str| format!("mlx_spec:{name}");
@@ -149,6 +155,12 @@ impl Metrics {
         );
         r.register(p("engine_alive"), "1 while the engine thread runs with the model loaded", m.engine_alive.clone());
         r.register(p("last_request_tau"), "Mean acceptance length of the last request", m.last_tau.clone());
+        r.register(p("batch_size"), "Requests in the last batched target forward", m.batch_size.clone());
+        r.register(
+            p("batch_rows"),
+            "Rows (verify-window tokens of all requests) per batched forward",
+            m.batch_rows.clone(),
+        );
         m
     }
 

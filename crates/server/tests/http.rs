@@ -419,26 +419,33 @@ async fn a_client_that_goes_away_cancels_its_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_503_with_retry_after() {
-    let url = spawn(ServeConfig { max_queue: 1, ..config() });
-    let body = json!({"prompt": "Count to one hundred:", "max_tokens": 40, "num_draft_tokens": 0});
-    let send = || {
-        let (url, body) = (url.clone(), body.clone());
-        tokio::spawn(async move { client().post(format!("{url}/v1/completions")).json(&body).send().await.unwrap() })
-    };
-    let handles = [send(), send(), send()];
-    let mut statuses = Vec::new();
-    for h in handles {
-        let r = h.await.unwrap();
-        let status = r.status().as_u16();
-        if status == 503 {
-            assert_eq!(r.headers()["retry-after"], "1");
-            let v: Value = r.json().await.unwrap();
-            assert_eq!(v["error"]["type"], "overloaded_error");
+    // Admission holds `--max-batch` running requests and `--max-queue` waiting ones.
+    for max_batch in [1, 2] {
+        let url = spawn(ServeConfig { max_queue: 1, max_batch, ..config() });
+        let body = json!({"prompt": "Count to one hundred:", "max_tokens": 40, "num_draft_tokens": 0});
+        let send = || {
+            let (url, body) = (url.clone(), body.clone());
+            tokio::spawn(
+                async move { client().post(format!("{url}/v1/completions")).json(&body).send().await.unwrap() },
+            )
+        };
+        let handles: Vec<_> = (0..max_batch + 2).map(|_| send()).collect();
+        let mut statuses = Vec::new();
+        for h in handles {
+            let r = h.await.unwrap();
+            let status = r.status().as_u16();
+            if status == 503 {
+                assert_eq!(r.headers()["retry-after"], "1");
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["error"]["type"], "overloaded_error");
+            }
+            statuses.push(status);
         }
-        statuses.push(status);
+        statuses.sort_unstable();
+        let mut want = vec![200; max_batch + 1];
+        want.push(503);
+        assert_eq!(statuses, want, "--max-batch {max_batch}");
     }
-    statuses.sort_unstable();
-    assert_eq!(statuses, [200, 200, 503]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,4 +518,42 @@ fn a_chat_template_flag_replaces_the_models_template() {
     assert_eq!(text, "<user>hi");
     let plain = server::load_tokenizer(&model_dir(), None).unwrap();
     assert_eq!(plain.encode("hello there", false).unwrap(), tok.encode("hello there", false).unwrap());
+}
+
+/// Continuous batching: mixed requests (drafters, greedy and seeded sampling, logprobs)
+/// sent together get exactly the completion (text and log-probabilities) each gets alone,
+/// and the batch metrics count their shared forwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_get_what_they_get_alone() {
+    let url = spawn(ServeConfig { max_batch: 4, ..config() });
+    let bodies = [
+        json!({"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}),
+        json!({"prompt": "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n# fib again\ndef fib(n):", "max_tokens": 32, "temperature": 0, "draft_kind": "ngram", "logprobs": 2}),
+        json!({"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0.8, "seed": 7, "draft_kind": "suffix"}),
+        json!({"prompt": "List three colors:", "max_tokens": 16, "temperature": 0, "num_draft_tokens": 0}),
+    ];
+    let completion = |v: &Value| (v["choices"][0]["text"].clone(), v["choices"][0]["logprobs"].clone());
+    let mut alone = Vec::new();
+    for b in &bodies {
+        let (status, v) = post(&url, "/v1/completions", b.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        alone.push(completion(&v));
+    }
+    let handles: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            let (url, b) = (url.clone(), b.clone());
+            tokio::spawn(async move { post(&url, "/v1/completions", b).await })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (status, v) = h.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(completion(&v), alone[i], "request {i} differs when batched");
+    }
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let forwards = sample(&text, "mlx_spec:batch_rows_count").unwrap();
+    let rows = sample(&text, "mlx_spec:batch_rows_sum").unwrap();
+    assert!(forwards > 0.0 && rows > forwards, "batch rows {rows} over {forwards} forwards");
+    assert!(sample(&text, "mlx_spec:batch_size").is_some());
 }
