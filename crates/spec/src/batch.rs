@@ -40,6 +40,7 @@ use crate::executor::{
     checked_drafts, commit, count_round, count_walk, fall_back, joined_taps, keep_for_prompt_cache, ms_since,
     prefill_chunk, roll_back, sample_rows_lazy, trace_round,
 };
+use crate::policy::BatchLoad;
 use crate::rejection::Acceptance;
 use crate::source::DraftSnapshot;
 use crate::{DraftSource, Error, Result, SpecOptions, SpecStats};
@@ -120,6 +121,10 @@ struct Slot<'t> {
     in_cache: Vec<u32>,
     phase: Phase,
     arrived: Instant,
+    /// Rows of its last window (1 before the first), for the others' [`BatchLoad`].
+    rows: usize,
+    /// Tokens its last round emitted (1 before the first).
+    tokens: f64,
 }
 
 /// A decoding request's part of one round: its window's drafts, its forward output, and
@@ -191,6 +196,8 @@ impl<'t> Batch<'t> {
             tap_layers,
             stats,
             arrived: Instant::now(),
+            rows: 1,
+            tokens: 1.0,
         });
         Ok(id)
     }
@@ -249,13 +256,24 @@ impl<'t> Batch<'t> {
     fn round(&mut self) -> Vec<(usize, Result<Finish>)> {
         let mut ended = Vec::new();
         // Drafts first: a drafter's failure ends its request only.
+        // Each request drafts given the others' windows (this round's where drafted already,
+        // else their last round's) and their last round's tokens.
         let mut windows: Vec<(usize, Vec<u32>)> = Vec::new();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Phase::Decode { .. } = slot.phase {
-                match slot.draft(self.target.config.vocab_size) {
-                    Ok(drafts) => windows.push((i, drafts)),
-                    Err(e) => ended.push((i, Err(e))),
+        let decoding: Vec<usize> =
+            (0..self.slots.len()).filter(|&i| matches!(self.slots[i].phase, Phase::Decode { .. })).collect();
+        let (mut all_rows, all_tokens) =
+            decoding.iter().fold((0, 0.0), |(r, t), &i| (r + self.slots[i].rows, t + self.slots[i].tokens));
+        for &i in &decoding {
+            let slot = &mut self.slots[i];
+            let load = BatchLoad { rows: all_rows - slot.rows, tokens: all_tokens - slot.tokens };
+            slot.source.set_batch(Some(load));
+            match slot.draft(self.target.config.vocab_size) {
+                Ok(drafts) => {
+                    all_rows = all_rows - slot.rows + drafts.len() + 1;
+                    slot.rows = drafts.len() + 1;
+                    windows.push((i, drafts));
                 }
+                Err(e) => ended.push((i, Err(e))),
             }
         }
         if windows.is_empty() {
@@ -395,6 +413,7 @@ impl Slot<'_> {
         emit.finish()?;
         count_walk(&mut self.stats, &walk);
         self.committed.extend_from_slice(&walk.emitted);
+        self.tokens = walk.emitted.len().max(1) as f64;
         let Phase::Decode { feed, pending, .. } = &mut self.phase else { unreachable!("only decoding slots walk") };
         trace_round(self.stats.rounds, step, feed, &drafts, &walk);
         self.stats.profile.walk_ms += ms_since(walk_start);

@@ -239,6 +239,12 @@ impl<'a> DSparkSource<'a> {
 }
 
 impl DraftSource for DSparkSource<'_> {
+    fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
+        if let Some((curve, _)) = &mut self.policy {
+            curve.batch = batch;
+        }
+    }
+
     fn name(&self) -> &str {
         self.name
     }

@@ -53,6 +53,25 @@ pub struct CostCurve {
     /// computes, as plain decoding runs), relative to `t(1)`; 1 when not measured.
     #[serde(default = "one")]
     pub pipelined: f64,
+    /// `Some` while the request decodes in a batch ([`crate::batch`]): the other requests of
+    /// the round, which [`choose`] weighs the window with; windows are then never split by
+    /// a pipelined plain step ([`split_window_cost`] is 0). Not stored.
+    #[serde(skip)]
+    pub batch: Option<BatchLoad>,
+}
+
+/// The other requests of a batched round as the policy sees one request's window: their
+/// rows in the shared forward and the tokens they are expected to emit. With it, [`choose`]
+/// maximises the whole batch's tokens per forward, `(tokens + 1 + sum s_i) / t(rows + 1 +
+/// k)`: a window's drafts must pay for the time they add to every request's round, so a
+/// fuller batch drafts less (the DSpark paper's throughput-aware scheduling, §4.3, with
+/// each request choosing in turn given the others).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchLoad {
+    /// Rows (window tokens) of the other requests in the forward.
+    pub rows: usize,
+    /// Tokens the other requests are expected to emit in the round.
+    pub tokens: f64,
 }
 
 /// serde's default for [`CostCurve::pipelined`].
@@ -68,6 +87,7 @@ impl CostCurve {
             step_ms: 0.0,
             origin: "linear".into(),
             pipelined: 1.0,
+            batch: None,
         }
     }
 
@@ -85,6 +105,7 @@ impl CostCurve {
             step_ms: ms[0],
             origin: "given".into(),
             pipelined: 1.0,
+            batch: None,
         })
     }
 
@@ -128,14 +149,19 @@ impl CostCurve {
 /// on ties), and 0 unless that ratio beats the plain step's `1 / (t(1) + draft_cost(0))` by
 /// [`MIN_GAIN`]. `survival[i - 1]` is `s_i`; `draft_cost(k)` is the cost of producing `k`
 /// drafts in units of a one-token step (0 for lookup drafters).
+///
+/// In a batch ([`CostCurve::batch`]) the ratio is the batch's:
+/// `(tokens + 1 + sum s_i) / (t(rows + 1 + k) + draft_cost(k))` with the other requests'
+/// `rows` and expected `tokens` ([`BatchLoad`]).
 pub fn choose(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) -> f64) -> usize {
-    let plain = 1.0 / (curve.t(1) + draft_cost(0));
+    let load = curve.batch.unwrap_or_default();
+    let plain = (load.tokens + 1.0) / (curve.t(load.rows + 1) + draft_cost(0));
     let (mut best_k, mut best) = (0, plain);
-    let mut gain = 1.0;
+    let mut gain = load.tokens + 1.0;
     for (i, s) in survival.iter().enumerate() {
         let k = i + 1;
         gain += s;
-        let r = gain / (curve.t(1 + k) + draft_cost(k));
+        let r = gain / (curve.t(load.rows + 1 + k) + draft_cost(k));
         if r > best {
             (best_k, best) = (k, r);
         }
@@ -180,7 +206,11 @@ pub fn keep_drafting(
 /// `t(1 + k)`. 0 for `k = 0` (the queued forward is the plain step) and when `after_plain`
 /// is false. Pass it (plus any drafting cost) as [`choose`]'s `draft_cost`.
 pub fn split_window_cost(curve: &CostCurve, k: usize, after_plain: bool) -> f64 {
-    if after_plain && k > 0 { (curve.t(1) + curve.t(k) - curve.t(1 + k)).max(0.0) } else { 0.0 }
+    if after_plain && k > 0 && curve.batch.is_none() {
+        (curve.t(1) + curve.t(k) - curve.t(1 + k)).max(0.0)
+    } else {
+        0.0
+    }
 }
 
 /// The expected speed ratio to plain decoding of a round with `k` drafts:
@@ -799,5 +829,32 @@ mod tests {
         assert_eq!(other.load(), None, "another key misses");
         let key = CurveCache::for_model(dir.path(), &models::LoadOptions::default()).key;
         assert!(key.contains("kernels=") && key.contains("cpu=") && key.contains("backend="), "{key}");
+    }
+
+    #[test]
+    fn a_fuller_batch_drafts_less() {
+        // A SmolLM2-like curve: t(1 + k) = 1 + 0.2 k; drafts accepted with 0.7 each.
+        let survival: Vec<f64> = (1..=8).map(|i| 0.7f64.powi(i)).collect();
+        let alone = CostCurve::linear(0.2, 120);
+        let k_alone = choose(&alone, &survival, |_| 0.0);
+        assert!(k_alone >= 3, "{k_alone}");
+        // In a batch with no one else, the same choice (only the split cost disappears).
+        let empty = CostCurve { batch: Some(BatchLoad::default()), ..alone.clone() };
+        assert_eq!(choose(&empty, &survival, |_| 0.0), k_alone);
+        assert_eq!(split_window_cost(&empty, 3, true), 0.0);
+        assert!(split_window_cost(&alone, 3, true) > 0.0);
+        let mut last = k_alone;
+        for others in [1, 3, 7, 15, 31] {
+            let load = BatchLoad { rows: others, tokens: others as f64 };
+            let k = choose(&CostCurve { batch: Some(load), ..alone.clone() }, &survival, |_| 0.0);
+            assert!(k <= last, "{others} others: {k} drafts after {last}");
+            last = k;
+        }
+        assert_eq!(last, 0, "31 other rows: the rows of drafts cost more than they bring");
+        // The batch's ratio: with 3 others at 1 token per row, one draft at s = 0.7 gives
+        // (3 + 1 + 0.7) / t(5) = 4.7 / 1.8 > 4 / 1.6.
+        let three = CostCurve { batch: Some(BatchLoad { rows: 3, tokens: 3.0 }), ..alone.clone() };
+        assert!(choose(&three, &[0.7], |_| 0.0) == 1);
+        assert!(choose(&three, &[0.4], |_| 0.0) == 0, "(4 + 0.4) / 1.8 < 4 / 1.6");
     }
 }

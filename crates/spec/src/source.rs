@@ -64,6 +64,13 @@ pub trait DraftSource {
         &[]
     }
 
+    /// Tells a source under a cost-aware policy that the request decodes in a batch
+    /// ([`crate::batch`], `Some`: the other requests of the coming round) or alone (`None`,
+    /// the default); the batch calls it before every `draft`. It never changes the tokens.
+    fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
+        let _ = batch;
+    }
+
     /// Whether the executor may pipeline the plain step after a round in which this source
     /// drafted nothing: queue the next step's forward before reading this step's token (plain
     /// decoding's speed), which leaves a window drafted next round split into that queued

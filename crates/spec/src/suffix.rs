@@ -638,6 +638,15 @@ impl DraftSource for SuffixSource {
 
     /// Without the policy, always; under it, while the recent rounds' proposals would not
     /// be worth an unsplit window ([`crate::policy::CostCurve::pipeline_plain_steps`]).
+    fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
+        if let Some(curve) = &mut self.curve {
+            curve.batch = batch;
+        }
+        if batch.is_some() {
+            self.after_plain = false;
+        }
+    }
+
     fn pipeline_plain_steps(&self) -> bool {
         self.curve.as_ref().is_none_or(|c| c.pipeline_plain_steps(self.value))
     }

@@ -546,6 +546,12 @@ impl DraftSource for TwoModelSource<'_> {
     /// Without the policy, always; under it, while an unsplit window of the expected
     /// acceptance, drafting cost included, would not beat the pipeline
     /// ([`crate::policy::CostCurve::pipeline_plain_steps`]).
+    fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
+        if let Some(p) = &mut self.policy {
+            p.curve.batch = batch;
+        }
+    }
+
     fn pipeline_plain_steps(&self) -> bool {
         let Some(p) = &self.policy else { return true };
         let survival = p.acceptance.lock().expect("acceptance lock").survival(MODEL_KEY, DEFAULT_ADAPTIVE_DRAFT_TOKENS);

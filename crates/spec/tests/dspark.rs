@@ -360,3 +360,62 @@ fn sampled_drafts_under_both_rules() {
     let (lo, hi) = (exact.min(rejection) as f64, exact.max(rejection) as f64);
     assert!(lo > 0.0 && hi / lo < 1.3, "exact {exact}, rejection {rejection}");
 }
+
+/// DSpark drafters in a batch (their taps come from the batched forward, each request's rows
+/// of the tap layers): every request's tokens equal plain decoding's, greedy and seeded,
+/// with fixed blocks and under the cost-aware policy, for the Qwen3 pair (one forward over
+/// all windows) and the Gemma 4 pair (parts run one after another).
+#[test]
+fn batched_dspark_requests_equal_plain() {
+    use spec::batch::{Batch, BatchRequest};
+    for family in [Family::Qwen3, Family::Gemma4] {
+        let p = pair(family, &[("bf16", None)]);
+        let provider = &p.drafters[0].1;
+        let adaptive_dir = p._dir.path().join("dspark");
+        let adaptive = DSparkProvider::new(Drafter::load(&adaptive_dir, &f32_load()).unwrap(), "dspark")
+            .unwrap()
+            .with_policy(spec::policy::CostModel::fixed(spec::policy::CostCurve::linear(0.05, 33)));
+        let mut batch = Batch::new(&p.target);
+        let outs: Vec<std::rc::Rc<std::cell::RefCell<Vec<u32>>>> =
+            (0..2 * PROMPTS.len()).map(|_| Default::default()).collect();
+        let mut want = Vec::new();
+        let mut ids = Vec::new();
+        for (i, out) in outs.iter().enumerate() {
+            let prompt = PROMPTS[i % PROMPTS.len()];
+            let params = if i % 2 == 0 { greedy(i as u64) } else { sampled(i as u64) };
+            want.push(plain(&p.target, prompt, &params));
+            let source = if i < PROMPTS.len() {
+                provider.open(&p.target, &params.sampler)
+            } else {
+                adaptive.open(&p.target, &params.sampler)
+            };
+            let request = BatchRequest {
+                prompt: prompt.to_vec(),
+                params,
+                options: SpecOptions::from(BLOCK_SIZE),
+                cache: p.target.make_cache(),
+                draft_state: None,
+                logprobs: None,
+                cancel: None,
+            };
+            let out = out.clone();
+            let on_token = Box::new(move |e: &spec::Emitted| {
+                out.borrow_mut().push(e.token);
+                true
+            });
+            ids.push(batch.add(source.unwrap(), request, on_token).unwrap());
+        }
+        let mut drafted = 0;
+        while !batch.is_empty() {
+            for done in batch.step() {
+                let outcome = done.result.unwrap_or_else(|e| panic!("{family:?}: {e}"));
+                assert_eq!(outcome.stats.fallback_at, None);
+                drafted += outcome.stats.drafted;
+            }
+        }
+        for (i, out) in outs.iter().enumerate() {
+            assert_eq!(*out.borrow(), want[i], "{family:?} request {i}: batched != plain");
+        }
+        assert!(drafted > 0, "{family:?}: nothing drafted");
+    }
+}
