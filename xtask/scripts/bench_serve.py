@@ -9,7 +9,7 @@ Arms (all on the same model directory, the same chat prompts, greedy, the same m
   mlx_lm has no model-free drafter, its `--draft-model` path turns batching off, and this
   target has no smaller family member.
 
-For each concurrency (1 and 4 clients by default) every client sends `--requests` streaming
+For each concurrency (1, 2, 4 and 8 clients by default) every client sends `--requests` streaming
 chat requests one after the other; each request's prompt starts with a unique tag so that no
 prompt-cache entry of an earlier request can serve it (both servers cache prefixes). Arms are
 interleaved: round r runs every arm once, in reverse order on odd rounds. Reported per arm and
@@ -198,7 +198,7 @@ def main():
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-mlx-lm", action="store_true")
     ap.add_argument("--no-generate", action="store_true")
@@ -242,6 +242,11 @@ def main():
                     raw[(arm["name"], c)].append(res)
                     print(f"round {r} {arm['name']} x{c}: {len(res['results'])} ok, {len(res['errors'])} errors, "
                           f"{res['wall']:.1f}s", file=sys.stderr, flush=True)
+        batch_metrics = {}
+        for line in httpx.get(ours.url + "/metrics", timeout=10).text.splitlines():
+            for name in ("mlx_spec:batch_rows_sum", "mlx_spec:batch_rows_count"):
+                if line.startswith(name + " "):
+                    batch_metrics[name] = float(line.split()[1])
     finally:
         for s in servers:
             s.stop()
@@ -266,12 +271,20 @@ def main():
     for c in a.clients:
         p, s = by[("mlx-spec plain", c)], by[("mlx-spec spec", c)]
         ratios[f"spec/plain x{c}"] = round(s["tok_s"] / p["tok_s"], 3) if p["tok_s"] else None
+        # Aggregate scaling: the rate at c clients over the same arm's single-client rate.
+        for arm in arms:
+            one, many = by.get((arm["name"], 1)), by[(arm["name"], c)]
+            if c != 1 and one and one["tok_s"] and many["tok_s"]:
+                ratios[f"{arm['name']} x{c}/x1"] = round(many["tok_s"] / one["tok_s"], 3)
         if ("mlx_lm plain", c) in by and by[("mlx_lm plain", c)]["tok_s"]:
             b = by[("mlx_lm plain", c)]["tok_s"]
             ratios[f"ours plain/mlx_lm x{c}"] = round(p["tok_s"] / b, 3)
             ratios[f"ours spec/mlx_lm x{c}"] = round(s["tok_s"] / b, 3)
     if not a.no_generate:
         ratios["generate spec/plain"] = round(generate_speedup(a.bin, a.model, pool[: 2 * a.requests], a.max_tokens), 3)
+    if batch_metrics.get("mlx_spec:batch_rows_count"):
+        ratios["mlx-spec rows per forward (mean, all arms)"] = round(
+            batch_metrics["mlx_spec:batch_rows_sum"] / batch_metrics["mlx_spec:batch_rows_count"], 2)
     report = {
         "model": a.model, "max_tokens": a.max_tokens, "requests_per_client": a.requests, "rounds": a.rounds,
         "clients": a.clients, "prompts": "fixtures/prompts/spec-equality.jsonl (grounded and free alternating)",

@@ -53,7 +53,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// Concurrent clients to measure at.
-    #[arg(long, default_values_t = vec![1, 4])]
+    #[arg(long, default_values_t = vec![1, 2, 4, 8])]
     clients: Vec<usize>,
     /// Rounds: every arm once per round, in alternating order.
     #[arg(long, default_value_t = 2)]

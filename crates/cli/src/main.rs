@@ -223,6 +223,7 @@ fn info(json: bool) -> Result<()> {
             "mlx_spec_version": env!("CARGO_PKG_VERSION"),
             "qmm_isa": isa,
             "kernel_threads": threads,
+            "batch_invariant": kernels.batch_invariant(),
             "settings": settings,
         });
         writeln!(out, "{v}")?;
@@ -234,6 +235,12 @@ fn info(json: bool) -> Result<()> {
         writeln!(out, "blas       {}", i.blas)?;
         writeln!(out, "libmlx     {}", i.mlx_root)?;
         writeln!(out, "kernels    {isa}, {threads} thread(s)")?;
+        let batching = if kernels.batch_invariant() {
+            "row-invariant for float32 models: a served request's tokens do not depend on the batch"
+        } else {
+            "MLX's kernels: a batched request's rows may round differently from its solo rows"
+        };
+        writeln!(out, "batching   {batching}")?;
         writeln!(out, "settings (value, where it came from):")?;
         let width = settings.iter().map(|e| e.name.len()).max().unwrap_or(0);
         for e in &settings {

@@ -52,6 +52,20 @@ pub fn rope(rope: &Rope, x: &Array, offset: i32) -> Result<Array> {
 
 /// [`rope`] whose errors name `op` ([`crate::fast::Rope::apply`] keeps its own name).
 pub(crate) fn rope_as(op: &'static str, rope: &Rope, x: &Array, offset: i32) -> Result<Array> {
+    rope_node(op, rope, x, offset, None)
+}
+
+/// `rope.apply` for f32 `x [..., L, D]` whose row `l` sits at `positions[l]` (int32 `[L]`),
+/// as one node: the values [`rope`] gives a row at that offset, bit for bit (the same
+/// `cos`/`sin` of the same position).
+///
+/// # Errors
+/// As [`rope`], and when `positions` is not int32 `[L]`.
+pub fn rope_at(rope: &Rope, x: &Array, positions: &Array) -> Result<Array> {
+    rope_node("cpu_rope", rope, x, 0, Some(positions))
+}
+
+fn rope_node(op: &'static str, rope: &Rope, x: &Array, offset: i32, positions: Option<&Array>) -> Result<Array> {
     wrap(
         op,
         ffi::cpu_rope(
@@ -63,6 +77,7 @@ pub(crate) fn rope_as(op: &'static str, rope: &Rope, x: &Array, offset: i32) -> 
             rope.scale,
             offset,
             &list(rope.freqs.as_ref()),
+            &list(positions),
         ),
     )
 }

@@ -80,6 +80,22 @@ impl Rope {
             ),
         )
     }
+
+    /// Applies the rotation to `x [..., L, D]` with row `l` at position `positions[l]`
+    /// (int32 `[L]`): the rows of several requests, each from its own offset, in one CPU
+    /// node ([`crate::cpu_fast::rope_at`]), each row as [`Rope::apply`] computes it at that
+    /// offset. `None` when `policy` has the CPU node off or the inputs are not f32 (MLX's
+    /// own rope takes one offset per call).
+    ///
+    /// # Errors
+    /// As [`Rope::apply`], and when `positions` is not int32 `[L]`.
+    pub fn apply_at(&self, x: &Array, positions: &Array, policy: &KernelPolicy) -> Result<Option<Array>> {
+        if !crate::cpu_fast::applies(&[Some(x), self.freqs.as_ref()], policy) {
+            return Ok(None);
+        }
+        policy.count(Kernel::Fast);
+        crate::cpu_fast::rope_at(self, x, positions).map(Some)
+    }
 }
 
 /// The mask of [`scaled_dot_product_attention`].

@@ -301,6 +301,16 @@ impl KernelPolicy {
         self.sdpa && cpu_backend()
     }
 
+    /// Whether float32 models on this policy compute each activation row with the same float
+    /// operations whatever the number of rows (the quantized and dense matmul kernels and
+    /// the fused attention, on the CPU backend): then a request's rows of a batched forward
+    /// equal its solo rows bit for bit, and batching never changes a request's tokens.
+    /// False on Metal and CUDA and with any of those kernels off (MLX's own kernels may
+    /// round a row differently in a larger product).
+    pub fn batch_invariant(&self) -> bool {
+        self.uses_qmm() && self.uses_dense() && self.uses_sdpa()
+    }
+
     pub(crate) fn count(&self, kernel: Kernel) {
         self.counters.count(kernel);
     }

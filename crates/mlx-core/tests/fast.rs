@@ -219,6 +219,37 @@ fn rope_with_offset_and_scale() {
     assert_close(&shifted, &direct64, TOL);
 }
 
+/// Per-row positions (several requests' rows in one node) give each row the bits of the
+/// one-offset call at that row's position; MLX's path declines them; bad positions are
+/// refused.
+#[test]
+fn rope_at_positions_equals_rope_at_each_offset() {
+    let (_, xa) = rope_input();
+    // Rows 0..3 of request A from offset 40, rows 3..7 of request B from offset 2.
+    let positions = [40, 41, 42, 2, 3, 4, 5];
+    let pos = Array::from_slice(&positions, &[RL as i32]).unwrap();
+    let freqs = Array::from_slice(&[1.0f32, 30.0, 900.0, 27000.0], &[4]).unwrap();
+    for rope in [
+        Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 0.5, freqs: None },
+        Rope { dims: 4, traditional: true, base: 500.0, scale: 1.0, freqs: None },
+        Rope { dims: RD as i32, traditional: false, base: 0.0, scale: 1.0, freqs: Some(freqs.clone()) },
+    ] {
+        let all = rope.apply_at(&xa, &pos, &KernelPolicy::default()).unwrap().unwrap();
+        let bits = |a: &Array| f32s(a).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (lo, hi, offset) in [(0, 3, 40), (3, 7, 2)] {
+            let alone = rope.apply(&xa.slice_axis(2, lo, hi).unwrap(), offset, &KernelPolicy::default()).unwrap();
+            assert_eq!(bits(&all.slice_axis(2, lo, hi).unwrap()), bits(&alone), "{rope:?} rows {lo}..{hi}");
+        }
+    }
+    let rope = Rope { dims: RD as i32, traditional: false, base: 10000.0, scale: 1.0, freqs: None };
+    let mlx = KernelPolicy { fast_norm_rope: false, ..KernelPolicy::default() };
+    assert!(rope.apply_at(&xa, &pos, &mlx).unwrap().is_none());
+    let short = Array::from_slice(&[1i32, 2], &[2]).unwrap();
+    let err =
+        rope.apply_at(&xa, &short, &KernelPolicy::default()).and_then(|a| a.unwrap().eval().map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("positions must be int32 [7]"), "{err}");
+}
+
 #[test]
 fn rope_custom_freqs() {
     let (x, xa) = rope_input();

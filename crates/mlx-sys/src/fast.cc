@@ -8,7 +8,8 @@
 // evaluates some 1,700 such nodes, each costing more than its arithmetic. Each primitive here
 // is one node and computes the same formulas (MLX's `fast.cpp` fallbacks, mlx 0.32):
 //   rms_norm: y = w * (x * (1 / sqrt(mean(x^2) + eps)))       per row of the last axis
-//   rope:     p = (offset + l) * scale (l: index on axis -2), inv_i = base^(-i / (dims / 2))
+//   rope:     p = (offset + l) * scale (l: index on axis -2; or positions[l] * scale when given),
+//             inv_i = base^(-i / (dims / 2))
 //             or 1 / freqs_i, theta = p * inv_i; rotate the pairs (x_i, x_{i + dims/2})
 //             (traditional: (x_{2i}, x_{2i+1})) by theta; features past `dims` are copied.
 // Both give the fallbacks' bits: RoPE's exp, sin and cos are MLX's own element functions
@@ -140,6 +141,10 @@ struct RopeParams {
   float base;
   float scale;
   int offset;
+  // Inputs after x: the freqs (when has_freqs), then int32 positions [L] (when
+  // has_positions: row l sits at positions[l] instead of offset + l).
+  bool has_freqs;
+  bool has_positions;
   bool operator==(const RopeParams&) const = default;
 };
 
@@ -156,11 +161,13 @@ class RopeCpu : public SameShapeCpu<RopeParams> {
       // cos/sin of every (position, frequency) of this call, shared by all heads.
       std::vector<float> inv(half), cs(static_cast<size_t>(l_len) * half), sn(cs.size());
       for (int i = 0; i < half; ++i) {
-        inv[i] = in.size() > 1 ? 1.f / in[1].data<float>()[i * in[1].strides().back()]
-                               : mlx_exp(static_cast<float>(-i) * (std::log(p.base) / static_cast<float>(half)));
+        inv[i] = p.has_freqs ? 1.f / in[1].data<float>()[i * in[1].strides().back()]
+                             : mlx_exp(static_cast<float>(-i) * (std::log(p.base) / static_cast<float>(half)));
       }
+      const mx::array* positions = p.has_positions ? &in.back() : nullptr;
       for (int l = 0; l < l_len; ++l) {
-        const float pos = static_cast<float>(p.offset + l) * p.scale;
+        const int at = positions ? positions->data<int32_t>()[l * positions->strides().back()] : p.offset + l;
+        const float pos = static_cast<float>(at) * p.scale;
         for (int i = 0; i < half; ++i) {
           const float theta = pos * inv[i];
           cs[static_cast<size_t>(l) * half + i] = mlx_cos(theta);
@@ -217,7 +224,7 @@ std::unique_ptr<mx::array> cpu_rms_norm(const mx::array& x, const ArrayList& wei
 }
 
 std::unique_ptr<mx::array> cpu_rope(const mx::array& x, int32_t dims, bool traditional, float base, bool has_base,
-                                    float scale, int32_t offset, const ArrayList& freqs) {
+                                    float scale, int32_t offset, const ArrayList& freqs, const ArrayList& positions) {
   const std::string op = "[cpu_rope] ";
   if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
   if (x.ndim() < 2) throw std::invalid_argument(op + "x must be at least 2-D [..., L, D], got " + dims_of(x));
@@ -234,7 +241,15 @@ std::unique_ptr<mx::array> cpu_rope(const mx::array& x, int32_t dims, bool tradi
     }
     inputs.push_back(f);
   }
-  RopeParams p{dims, traditional, has_base ? base : 0.f, scale, offset};
+  if (!positions.items.empty()) {
+    const mx::array& pos = positions.items[0];
+    if (pos.dtype() != mx::int32 || pos.ndim() != 1 || pos.shape(0) != x.shape(-2)) {
+      throw std::invalid_argument(op + "positions must be int32 [" + std::to_string(x.shape(-2)) + "] for x " +
+                                  dims_of(x) + ", got " + dims_of(pos));
+    }
+    inputs.push_back(pos);
+  }
+  RopeParams p{dims, traditional, has_base ? base : 0.f, scale, offset, !has_base, !positions.items.empty()};
   return std::make_unique<mx::array>(x.shape(), mx::float32, std::make_shared<RopeCpu>(cpu_stream(op), p),
                                      std::move(inputs));
 }

@@ -326,6 +326,7 @@ pub mod ffi {
             scale: f32,
             offset: i32,
             freqs: &ArrayList,
+            positions: &ArrayList,
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_fast_calls() -> u64;
         fn blas_gemv_calls() -> u64;

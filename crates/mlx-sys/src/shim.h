@@ -185,9 +185,10 @@ uint64_t cpu_attention_calls();
 std::unique_ptr<array> cpu_rms_norm(const array& x, const ArrayList& weight, float eps);
 // fast::rope's rotation of the first `dims` features of x [..., L, D] float32 at positions
 // offset + l (scaled by `scale`), frequencies from `base` (has_base) or the float32
-// `freqs [dims / 2]` -> float32, x's shape.
+// `freqs [dims / 2]` -> float32, x's shape. With int32 `positions [L]` (a one-item list), row l
+// sits at positions[l] instead (`offset` unused): several requests' rows roped in one node.
 std::unique_ptr<array> cpu_rope(const array& x, int32_t dims, bool traditional, float base, bool has_base, float scale,
-                                int32_t offset, const ArrayList& freqs);
+                                int32_t offset, const ArrayList& freqs, const ArrayList& positions);
 // RMS norm and RoPE calls the primitives have evaluated since the process started.
 uint64_t cpu_fast_calls();
 

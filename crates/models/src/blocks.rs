@@ -220,6 +220,9 @@ impl Attention {
         let mut linears = vec![&self.q_proj, k_proj];
         linears.extend(self.v_proj.iter());
         let ys = forward_many(&linears, x)?;
+        if let Some(o) = self.attend_batch_roped_once(&ys, caches, lens, rope)? {
+            return self.o_proj.forward(&o);
+        }
         let mut outs = Vec::with_capacity(lens.len());
         let mut start = 0;
         for (cache, &l) in caches.iter_mut().zip(lens) {
@@ -240,6 +243,51 @@ impl Attention {
         }
         let o = mlx_core::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?;
         self.o_proj.forward(&o)
+    }
+
+    /// The fast path of [`Attention::forward_batch`] where RoPE runs as the CPU node: queries
+    /// and keys of all requests as heads at once (`[1, n, R, head_dim]`), roped in one node
+    /// each with every row at its request's position ([`Rope::apply_at`]); then per request
+    /// only the cache write and the attention over its rows. The attention outputs
+    /// `[1, R, n_heads * head_dim]`; `None` when the RoPE node does not apply.
+    fn attend_batch_roped_once(
+        &self,
+        ys: &[Array],
+        caches: &mut [&mut (dyn LayerCache + 'static)],
+        lens: &[i32],
+        rope: &Rope,
+    ) -> Result<Option<Array>> {
+        let r: i32 = lens.iter().sum();
+        let positions: Vec<i32> = caches
+            .iter()
+            .zip(lens)
+            .flat_map(|(c, &l)| {
+                let offset = c.offset() as i32;
+                offset..offset + l
+            })
+            .collect();
+        let positions = Array::from_slice(&positions, &[r])?;
+        let q = self.heads(&ys[0], self.n_heads, self.q_norm.as_ref(), 1, r)?;
+        let Some(q) = rope.apply_at(&q, &positions, self.kernels())? else { return Ok(None) };
+        let k = self.heads(&ys[1], self.n_kv_heads, self.k_norm.as_ref(), 1, r)?;
+        let Some(k) = rope.apply_at(&k, &positions, self.kernels())? else { return Ok(None) };
+        let v = ys.get(2).unwrap_or(&ys[1]).reshape(&[1, r, self.n_kv_heads, self.head_dim])?;
+        let v = match self.v_norm_eps {
+            Some(eps) => rms_norm(&v, None, eps, self.kernels())?,
+            None => v,
+        };
+        let v = v.transpose(&[0, 2, 1, 3])?;
+        let mut outs = Vec::with_capacity(lens.len());
+        let mut start = 0;
+        for (cache, &l) in caches.iter_mut().zip(lens) {
+            let rows = |a: &Array| a.slice_axis(2, start, start + l);
+            let (k, v) = cache.update_and_fetch(&rows(&k)?, &rows(&v)?)?;
+            let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
+            outs.push(scaled_dot_product_attention(&rows(&q)?, &k, &v, self.scale, mask, self.kernels())?);
+            start += l;
+        }
+        let o = mlx_core::concatenate(&outs.iter().collect::<Vec<_>>(), 2)?;
+        Ok(Some(o.transpose(&[0, 2, 1, 3])?.reshape(&[1, r, -1])?))
     }
 }
 

@@ -5,12 +5,17 @@
 //! the caches the batched forward extended.
 use std::path::PathBuf;
 
+use mlx_core::KernelPolicy;
 use models::generate::ids;
 use models::{BatchPart, LoadOptions, ModelCache, Transformer, load_model};
 
 fn load(name: &str) -> Transformer {
+    load_with(name, KernelPolicy::default())
+}
+
+fn load_with(name: &str, kernels: KernelPolicy) -> Transformer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity").join(name);
-    load_model(&dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("load {name}: {e}"))
+    load_model(&dir, &LoadOptions { kernels, ..LoadOptions::default() }).unwrap_or_else(|e| panic!("load {name}: {e}"))
 }
 
 fn bits(a: &mlx_core::Array) -> Vec<u32> {
@@ -37,9 +42,12 @@ fn prefilled(model: &Transformer) -> Vec<ModelCache> {
 }
 
 fn check(name: &str) {
-    let model = load(name);
+    check_model(name, &load(name));
+}
+
+fn check_model(name: &str, model: &Transformer) {
     let taps = [0, model.num_layers() - 1];
-    let (mut solo, mut batched) = (prefilled(&model), prefilled(&model));
+    let (mut solo, mut batched) = (prefilled(model), prefilled(model));
     for windows in WINDOWS {
         let mut parts: Vec<BatchPart<'_>> =
             batched.iter_mut().zip(windows).map(|(cache, w)| BatchPart { tokens: w.to_vec(), cache }).collect();
@@ -65,6 +73,15 @@ fn check(name: &str) {
 fn batched_rows_equal_solo_rows_bit_for_bit() {
     for name in ["llama_q4", "llama", "qwen2", "qwen3", "llama_untied_bias"] {
         check(name);
+    }
+}
+
+/// With MLX's RoPE (the CPU node off) every request is roped on its own: the same bits.
+#[test]
+fn batched_rows_equal_solo_rows_on_mlx_rope() {
+    let kernels = KernelPolicy { fast_norm_rope: false, ..KernelPolicy::default() };
+    for name in ["llama_q4", "qwen3"] {
+        check_model(name, &load_with(name, kernels.clone()));
     }
 }
 

@@ -8,6 +8,7 @@
 //! step():  requests whose cancel flag is set leave (Finish::Cancelled)
 //!          one prefill chunk (PREFILL_CHUNK tokens) of the oldest request still prefilling
 //!          every decoding request drafts:  window_i = [pending_i] ++ drafts_i
+//!          rated blocks (DSpark under the policy) cut by the prefix scheduler
 //!          one forward over all windows, one evaluation of all logits and sampled tokens
 //!          each request: accept walk, rollback, commit; finished requests leave
 //! ```
@@ -40,7 +41,7 @@ use crate::executor::{
     checked_drafts, commit, count_round, count_walk, fall_back, joined_taps, keep_for_prompt_cache, ms_since,
     prefill_chunk, roll_back, sample_rows_lazy, trace_round,
 };
-use crate::policy::BatchLoad;
+use crate::policy::{BatchLoad, schedule_prefixes};
 use crate::rejection::Acceptance;
 use crate::source::DraftSnapshot;
 use crate::{DraftSource, Error, Result, SpecOptions, SpecStats};
@@ -276,7 +277,9 @@ impl<'t> Batch<'t> {
                 Err(e) => ended.push((i, Err(e))),
             }
         }
+        self.schedule_rated(&mut windows, &mut ended);
         if windows.is_empty() {
+            ended.sort_by_key(|(i, _)| *i);
             return ended;
         }
         let build = Instant::now();
@@ -304,6 +307,48 @@ impl<'t> Batch<'t> {
         }
         ended.sort_by_key(|(i, _)| *i);
         ended
+    }
+
+    /// Cuts the windows of the requests whose sources leave their length to the batch
+    /// ([`DraftSource::prefix_acceptance`]: DSpark drafters under the cost-aware policy) with
+    /// the prefix scheduler ([`schedule_prefixes`], the DSpark paper's Algorithm 1), over
+    /// the rest of the forward (the other windows' rows, their requests' last tokens). A
+    /// source that refuses the cut fails its request.
+    fn schedule_rated(&mut self, windows: &mut Vec<(usize, Vec<u32>)>, ended: &mut Vec<(usize, Result<Finish>)>) {
+        let mut rated = Vec::new();
+        let mut curve = None;
+        let mut base = BatchLoad::default();
+        for (w, (i, drafts)) in windows.iter().enumerate() {
+            match self.slots[*i].source.prefix_acceptance() {
+                Some((prefix, c)) => {
+                    rated.push((w, prefix));
+                    curve.get_or_insert(c);
+                }
+                None => {
+                    base.rows += drafts.len() + 1;
+                    base.tokens += self.slots[*i].tokens;
+                }
+            }
+        }
+        let Some(curve) = curve else { return };
+        let prefixes: Vec<Vec<f64>> = rated.iter().map(|(_, p)| p.clone()).collect();
+        let lengths = schedule_prefixes(&curve, &prefixes, base);
+        let mut failed = Vec::new();
+        for ((w, _), k) in rated.into_iter().zip(lengths) {
+            let (i, drafts) = &mut windows[w];
+            let slot = &mut self.slots[*i];
+            match slot.source.truncate_drafts(k) {
+                Ok(()) => {
+                    drafts.truncate(k);
+                    slot.rows = k + 1;
+                }
+                Err(e) => failed.push((w, e)),
+            }
+        }
+        for (w, e) in failed.into_iter().rev() {
+            let (i, _) = windows.remove(w);
+            ended.push((i, Err(e)));
+        }
     }
 
     /// The batched forward over `windows` (`[pending] ++ drafts` of each slot), its logits

@@ -145,6 +145,9 @@ pub struct DSparkSource<'a> {
     policy: Option<(CostCurve, Arc<Mutex<AcceptanceModel>>)>,
     /// Under the policy: the rating of each of `last_drafts`.
     last_ratings: Vec<f64>,
+    /// Under the policy in a batch: `a_j` of the whole last block, for the batch's prefix
+    /// scheduler ([`DraftSource::prefix_acceptance`]).
+    last_prefix: Option<Vec<f64>>,
 }
 
 impl<'a> DSparkSource<'a> {
@@ -175,6 +178,7 @@ impl<'a> DSparkSource<'a> {
             last_logits: None,
             policy: None,
             last_ratings: Vec::new(),
+            last_prefix: None,
         })
     }
 
@@ -209,10 +213,24 @@ impl<'a> DSparkSource<'a> {
     }
 
     /// Under the policy, how many of the block's drafts to propose: the first `k` whose
-    /// next slot [`keep_drafting`] declines, walking the slots in order.
-    fn policy_cut(&self, ratings: &[f64]) -> usize {
+    /// next slot [`keep_drafting`] declines, walking the slots in order. In a batch, the
+    /// whole block, its prefix estimates kept for the batch's scheduler.
+    fn policy_cut(&mut self, ratings: &[f64]) -> usize {
         let Some((curve, acceptance)) = &self.policy else { return ratings.len() };
         let acc = acceptance.lock().expect("acceptance lock");
+        if curve.batch.is_some() {
+            let prefix = ratings
+                .iter()
+                .enumerate()
+                .scan(1.0, |a, (k, &rating)| {
+                    *a *= acc.rated(rating, BLOCK_KEY, k);
+                    Some(*a)
+                })
+                .collect();
+            drop(acc);
+            self.last_prefix = Some(prefix);
+            return ratings.len();
+        }
         let mut survival = Vec::with_capacity(ratings.len());
         for (k, &rating) in ratings.iter().enumerate() {
             let next = acc.rated(rating, BLOCK_KEY, k);
@@ -284,6 +302,7 @@ impl DraftSource for DSparkSource<'_> {
         }
         self.last_drafts.clear();
         self.last_ratings.clear();
+        self.last_prefix = None;
         self.last_logits = None;
         if n == 0 {
             return Ok(Vec::new());
@@ -306,6 +325,25 @@ impl DraftSource for DSparkSource<'_> {
             self.last_logits = Some(p.logits);
         }
         Ok(drafts)
+    }
+
+    fn prefix_acceptance(&self) -> Option<(Vec<f64>, CostCurve)> {
+        let prefix = self.last_prefix.clone()?;
+        Some((prefix, self.policy.as_ref()?.0.clone()))
+    }
+
+    fn truncate_drafts(&mut self, k: usize) -> Result<()> {
+        if self.last_prefix.is_none() || k > self.last_drafts.len() {
+            return Err(self.contract(format!(
+                "asked to keep {k} of {} drafts{}",
+                self.last_drafts.len(),
+                if self.last_prefix.is_none() { " outside a batch's schedule" } else { "" }
+            )));
+        }
+        self.last_drafts.truncate(k);
+        self.last_ratings.truncate(k);
+        self.last_prefix = None;
+        Ok(())
     }
 
     /// At temperature > 0: the `[d, V]` filtered distributions ([`Sampler::probs`]) of the

@@ -169,6 +169,48 @@ pub fn choose(curve: &CostCurve, survival: &[f64], draft_cost: impl Fn(usize) ->
     if best >= plain * (1.0 + MIN_GAIN) { best_k } else { 0 }
 }
 
+/// The DSpark paper's hardware-aware prefix scheduler (Algorithm 1, §4.3): how many drafts
+/// each rated request of a batch verifies. `prefixes[r][j - 1]` is `a_{r,j}`, the chance
+/// that request `r`'s drafts `1..=j` are all accepted (non-increasing in `j`); `base` is the
+/// rest of the forward (the unrated requests' rows and expected tokens). Starting from every
+/// rated request verifying its pending token alone (`B = base.rows + R` rows, `tau =
+/// base.tokens + R` expected tokens), positions are added in order of decreasing `a_{r,j}`
+/// (ties: lower `r`, then `j`, so each request's positions come in prefix order) while the
+/// batch's expected tokens per forward `tau / t(B)` grows; the first position that does not
+/// raise it stops the search (the early stop that keeps the lengths a stopping time of the
+/// drafts, App. A). Returns the number of drafts of each request.
+pub fn schedule_prefixes(curve: &CostCurve, prefixes: &[Vec<f64>], base: BatchLoad) -> Vec<usize> {
+    let mut entries: Vec<(f64, usize, usize)> = prefixes
+        .iter()
+        .enumerate()
+        .flat_map(|(r, a)| a.iter().enumerate().filter(|(_, a)| **a > 0.0).map(move |(j, &a)| (a, r, j + 1)))
+        .collect();
+    entries.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    let mut lengths = vec![0; prefixes.len()];
+    let mut best_lengths = lengths.clone();
+    let mut rows = base.rows + prefixes.len();
+    let mut tau = base.tokens + prefixes.len() as f64;
+    let mut best = tau / curve.t(rows);
+    for (a, r, j) in entries {
+        if j != lengths[r] + 1 {
+            // A later position ahead of an earlier one (estimates that increase with j): the
+            // prefix order ends the search as the early stop does.
+            break;
+        }
+        lengths[r] = j;
+        rows += 1;
+        tau += a;
+        let throughput = tau / curve.t(rows);
+        if throughput > best {
+            best = throughput;
+            best_lengths.clone_from(&lengths);
+        } else {
+            break;
+        }
+    }
+    best_lengths
+}
+
 /// The stopping rule of drafters that propose one token after another and know, before
 /// drawing draft `k + 1`, how likely it is to be accepted (a draft model's own probability,
 /// a DSpark drafter's confidence head): with `s_1..s_k` the survival of the drafts kept so
@@ -856,5 +898,28 @@ mod tests {
         let three = CostCurve { batch: Some(BatchLoad { rows: 3, tokens: 3.0 }), ..alone.clone() };
         assert!(choose(&three, &[0.7], |_| 0.0) == 1);
         assert!(choose(&three, &[0.4], |_| 0.0) == 0, "(4 + 0.4) / 1.8 < 4 / 1.6");
+    }
+
+    #[test]
+    fn the_prefix_scheduler_adds_the_likeliest_positions_while_throughput_grows() {
+        let curve = CostCurve::linear(0.2, 120);
+        // Two requests: r0 confident (0.9, 0.8, 0.3), r1 not (0.5, 0.1).
+        let prefixes = vec![vec![0.9, 0.72, 0.216], vec![0.5, 0.05]];
+        // Alone in the forward: tau / t(B) from 2 / 1.2; add 0.9 (2.9 / 1.4), 0.72 (3.62 / 1.6),
+        // 0.5 (4.12 / 1.8 = 2.29 > 2.26), then 0.216 (4.336 / 2.0 = 2.17): stop.
+        assert_eq!(schedule_prefixes(&curve, &prefixes, BatchLoad::default()), vec![2, 1]);
+        // With 10 other rows expecting 10 tokens, a position must bring more than 0.2 times
+        // the batch's tokens per forward (about 3.8): 0.9 does, 0.72 does not.
+        let busy = BatchLoad { rows: 10, tokens: 10.0 };
+        assert_eq!(schedule_prefixes(&curve, &prefixes, busy), vec![1, 0]);
+        // A flat (memory-bound) curve takes every position with a positive estimate.
+        let flat = CostCurve::linear(0.0, 120);
+        assert_eq!(schedule_prefixes(&flat, &prefixes, BatchLoad::default()), vec![3, 2]);
+        // A steep curve takes none.
+        let steep = CostCurve::linear(1.0, 120);
+        assert_eq!(schedule_prefixes(&steep, &prefixes, BatchLoad::default()), vec![0, 0]);
+        // Early stop: once a position does not pay, later (smaller) ones are not tried.
+        assert_eq!(schedule_prefixes(&curve, &[vec![0.1, 0.09]], BatchLoad::default()), vec![0]);
+        assert!(schedule_prefixes(&curve, &[], BatchLoad::default()).is_empty());
     }
 }

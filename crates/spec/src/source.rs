@@ -115,6 +115,32 @@ pub trait DraftSource {
         Ok(None)
     }
 
+    /// The batch scheduler's view of the last [`DraftSource::draft`]'s drafts, for a source
+    /// that rates its drafts before they are verified (a DSpark drafter's confidence head
+    /// under the cost-aware policy) and decodes in a batch: `a_j` for `j = 1..=d`, the
+    /// estimated chance that drafts `1..=j` are all accepted (non-increasing in `j`; draft
+    /// `j`'s rating depends on earlier drafts only), with the target's cost curve. A source
+    /// that returns `Some` proposes its whole block and leaves the length to the batch's
+    /// prefix scheduler ([`crate::policy::schedule_prefixes`], the DSpark paper's Algorithm
+    /// 1), which then calls [`DraftSource::truncate_drafts`]. `None` (the default): the
+    /// source chose its own length.
+    fn prefix_acceptance(&self) -> Option<(Vec<f64>, crate::policy::CostCurve)> {
+        None
+    }
+
+    /// Keeps the first `k` of the last [`DraftSource::draft`]'s drafts (`k` at most their
+    /// number); the next [`DraftSource::commit`] counts `k` drafted.
+    ///
+    /// # Errors
+    /// [`crate::Error::Contract`] for a source that does not rate its drafts (the default)
+    /// or `k` above the drafts' number.
+    fn truncate_drafts(&mut self, k: usize) -> Result<()> {
+        Err(crate::Error::Contract {
+            source_name: self.name().to_string(),
+            message: format!("asked to keep {k} drafts, but the source leaves no length to the batch"),
+        })
+    }
+
     /// Ends a round: of the `drafted` tokens the last [`DraftSource::draft`] returned, the
     /// first `accepted` were emitted. `taps`, when tap layers were requested, holds one
     /// `[1, drafted + 1, H]` array per tap layer: the target's hidden states over the verify

@@ -98,7 +98,8 @@ thread_local! {
     static WIDEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-type Collected = Rc<RefCell<Vec<(u32, Option<TokenLogprobs>)>>>;
+type Tokens = Vec<(u32, Option<TokenLogprobs>)>;
+type Collected = Rc<RefCell<Tokens>>;
 
 fn collector(out: &Collected) -> Box<dyn FnMut(&Emitted) -> bool + 'static> {
     let out = out.clone();
@@ -109,13 +110,7 @@ fn collector(out: &Collected) -> Box<dyn FnMut(&Emitted) -> bool + 'static> {
 }
 
 /// The request alone through `spec::run`.
-fn solo(
-    target: &Transformer,
-    drafter: &Transformer,
-    suffix: &SuffixProvider,
-    case: &Case,
-    eos: &[u32],
-) -> Vec<(u32, Option<TokenLogprobs>)> {
+fn solo(target: &Transformer, drafter: &Transformer, suffix: &SuffixProvider, case: &Case, eos: &[u32]) -> Tokens {
     let params = case.params(eos);
     let mut source = case.source(target, drafter, suffix);
     let mut request = Request::new(&case.prompt, &params, case.options(), target.make_cache());
@@ -137,7 +132,7 @@ fn batched(
     suffix: &SuffixProvider,
     cases: &[Case],
     eos: &[u32],
-) -> Vec<(Vec<(u32, Option<TokenLogprobs>)>, Finish)> {
+) -> Vec<(Tokens, Finish)> {
     let mut batch = Batch::new(target);
     let outs: Vec<Collected> = cases.iter().map(|_| Collected::default()).collect();
     let mut finish = vec![None; cases.len()];
@@ -263,7 +258,7 @@ fn requests_ending_mid_batch_leave_the_others_unchanged() {
         });
         ids.push(batch.add(case.source(&target, &drafter, &suffix), request, on_token).unwrap());
     }
-    let mut finish = vec![None; 4];
+    let mut finish = [None; 4];
     while !batch.is_empty() {
         for done in batch.step() {
             let i = ids.iter().position(|&id| id == done.id).unwrap();

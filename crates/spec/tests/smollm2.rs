@@ -254,3 +254,100 @@ fn q4_speculative_equals_plain(prompts: &[Prompt]) {
     assert!(failures.is_empty(), "speculative output differs from plain: {failures:#?}");
     assert!(stats[1].iter().all(|s| s.corrections == 0), "self-drafting was corrected: {:?}", stats[1]);
 }
+
+/// Continuous batching on real weights: the prompt slice's requests (greedy and seeded,
+/// the default drafter, n-gram and none), arriving two per step, decode together; each
+/// request's tokens equal plain decoding's, and its first round's logits rows equal its
+/// solo window's bit for bit.
+#[test]
+fn smollm2_q4_batched_equals_plain() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use models::BatchPart;
+    use spec::batch::{Batch, BatchRequest};
+    use spec::{NoDrafts, SpecOptions};
+
+    let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
+    let target = load_model(&dir, &LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() }).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let prompts: Vec<Vec<u32>> = prompt_slice().iter().map(|p| p.ids(&tok).unwrap()).collect();
+
+    // Rows: a batched forward over every prompt's head (different lengths, one part each)
+    // against each prompt alone.
+    let (mut solo, mut batched): (Vec<_>, Vec<_>) =
+        prompts.iter().map(|_| (target.make_cache(), target.make_cache())).unzip();
+    let mut parts: Vec<BatchPart<'_>> = batched
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(cache, p)| BatchPart { tokens: p[p.len() - 9..].to_vec(), cache })
+        .collect();
+    let outs = target.forward_batch(&mut parts, &[]).unwrap();
+    for (i, (cache, p)) in solo.iter_mut().zip(&prompts).enumerate() {
+        let alone = target.forward(&ids(&p[p.len() - 9..]).unwrap(), cache).unwrap();
+        let (a, b) = (row(&outs[i].logits, 8), row(&alone, 8));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "prompt {i}: batched row != solo row");
+    }
+
+    let suffix = SuffixProvider::default();
+    let ngram = spec::ngram::NgramProvider::default();
+    let eos = tok.eos_ids().to_vec();
+    let params = |i: usize| GenerateParams {
+        max_tokens: MAX_TOKENS,
+        sampler: if i % 3 == 2 {
+            Sampler { temp: 0.7, seed: i as u64, ..Sampler::default() }
+        } else {
+            Sampler::default()
+        },
+        eos: eos.clone(),
+    };
+    let mut batch = Batch::new(&target);
+    let outs: Vec<Rc<RefCell<Vec<u32>>>> = prompts.iter().map(|_| Rc::default()).collect();
+    let mut next = 0;
+    let mut widest = 0;
+    while next < prompts.len() || !batch.is_empty() {
+        for i in next..(next + 2).min(prompts.len()) {
+            let p = params(i);
+            let (source, n): (Box<dyn spec::DraftSource + '_>, usize) = match i % 3 {
+                0 => (suffix.open(&target, &p.sampler).unwrap(), 32),
+                1 => (ngram.open(&target, &p.sampler).unwrap(), 10),
+                _ => (Box::new(NoDrafts), 0),
+            };
+            let request = BatchRequest {
+                prompt: prompts[i].clone(),
+                params: p,
+                options: SpecOptions::from(n),
+                cache: target.make_cache(),
+                draft_state: None,
+                logprobs: None,
+                cancel: None,
+            };
+            let out = outs[i].clone();
+            batch
+                .add(
+                    source,
+                    request,
+                    Box::new(move |e: &spec::Emitted| {
+                        out.borrow_mut().push(e.token);
+                        true
+                    }),
+                )
+                .unwrap();
+        }
+        next = (next + 2).min(prompts.len());
+        for done in batch.step() {
+            done.result.unwrap();
+        }
+        widest = widest.max(batch.last_round().map_or(0, |r| r.requests));
+    }
+    assert!(widest >= 3, "at most {widest} requests shared a forward");
+    for (i, p) in prompts.iter().enumerate() {
+        let mut want = Vec::new();
+        models::generate::generate(&target, p, &params(i), |t| {
+            want.push(t);
+            true
+        })
+        .unwrap();
+        assert_eq!(*outs[i].borrow(), want, "prompt {i}: batched != plain");
+    }
+}
