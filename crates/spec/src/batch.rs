@@ -208,60 +208,44 @@ impl<'t> Batch<'t> {
     /// that finished (or failed) in this step. A failure of a request's own (its drafter, its
     /// fallback) fails that request only; a failed batched forward fails the requests in it.
     pub fn step(&mut self) -> Vec<Finished> {
-        let mut finished = Vec::new();
-        self.leave_if(&mut finished, |s| s.cancelled().then(|| Ok(s.finish(Finish::Cancelled))));
-        if let Some(i) = self.slots.iter().position(|s| matches!(s.phase, Phase::Prefill { .. })) {
-            let target = self.target;
-            if let Err(e) = self.slots[i].prefill_step(target) {
-                let slot = self.slots.remove(i);
-                finished.push(Finished { id: slot.id, result: Err(e) });
+        let mut ended: Vec<(usize, Result<Finish>)> = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.cancelled() {
+                ended.push((i, Ok(Finish::Cancelled)));
             }
         }
-        let ended = self.round();
-        let mut ended = ended.into_iter();
-        let mut next = ended.next();
-        let mut index = 0;
-        self.slots.retain_mut(|slot| {
-            let keep = match &next {
-                Some((i, _)) if *i == index => {
-                    let (_, result) = next.take().expect("matched");
-                    next = ended.next();
-                    finished.push(Finished { id: slot.id, result: result.map(|finish| slot.finish(finish)) });
-                    false
-                }
-                _ => true,
-            };
-            index += 1;
-            keep
-        });
-        finished
-    }
-
-    /// Removes the requests for which `leave` gives a result, into `finished`.
-    fn leave_if(
-        &mut self,
-        finished: &mut Vec<Finished>,
-        mut leave: impl FnMut(&mut Slot<'t>) -> Option<Result<Outcome>>,
-    ) {
-        self.slots.retain_mut(|slot| match leave(slot) {
-            Some(result) => {
-                finished.push(Finished { id: slot.id, result });
-                false
+        let prefilling = self.slots.iter().position(|s| matches!(s.phase, Phase::Prefill { .. }));
+        if let Some(i) = prefilling.filter(|i| !ended.iter().any(|(e, _)| e == i)) {
+            let target = self.target;
+            if let Err(e) = self.slots[i].prefill_step(target) {
+                ended.push((i, Err(e)));
             }
-            None => true,
-        });
+        }
+        let leaving: Vec<usize> = ended.iter().map(|(i, _)| *i).collect();
+        ended.extend(self.round(&leaving));
+        // Leave in decreasing index order, so the indices stay valid and the others keep
+        // their order (the oldest prefilling request goes first).
+        ended.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        ended
+            .into_iter()
+            .map(|(i, result)| {
+                let mut slot = self.slots.remove(i);
+                Finished { id: slot.id, result: result.map(|finish| slot.finish(finish)) }
+            })
+            .collect()
     }
 
-    /// One round over every decoding request; returns `(slot index, how it ended)` of the
-    /// requests that ended, in slot order (`Ok(finish)`: finished; `Err`: failed).
-    fn round(&mut self) -> Vec<(usize, Result<Finish>)> {
+    /// One round over every decoding request but those `leaving`; returns `(slot index, how
+    /// it ended)` of the requests that ended (`Ok(finish)`: finished; `Err`: failed).
+    fn round(&mut self, leaving: &[usize]) -> Vec<(usize, Result<Finish>)> {
         let mut ended = Vec::new();
         // Drafts first: a drafter's failure ends its request only.
         // Each request drafts given the others' windows (this round's where drafted already,
         // else their last round's) and their last round's tokens.
         let mut windows: Vec<(usize, Vec<u32>)> = Vec::new();
-        let decoding: Vec<usize> =
-            (0..self.slots.len()).filter(|&i| matches!(self.slots[i].phase, Phase::Decode { .. })).collect();
+        let decoding: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| matches!(self.slots[i].phase, Phase::Decode { .. }) && !leaving.contains(&i))
+            .collect();
         let (mut all_rows, all_tokens) =
             decoding.iter().fold((0, 0.0), |(r, t), &i| (r + self.slots[i].rows, t + self.slots[i].tokens));
         for &i in &decoding {
@@ -279,7 +263,6 @@ impl<'t> Batch<'t> {
         }
         self.schedule_rated(&mut windows, &mut ended);
         if windows.is_empty() {
-            ended.sort_by_key(|(i, _)| *i);
             return ended;
         }
         let build = Instant::now();
@@ -288,7 +271,6 @@ impl<'t> Batch<'t> {
             Err(e) => {
                 let message = e.to_string();
                 ended.extend(windows.iter().map(|(i, _)| (*i, Err(Error::Batch(message.clone())))));
-                ended.sort_by_key(|(i, _)| *i);
                 return ended;
             }
         };
@@ -305,7 +287,6 @@ impl<'t> Batch<'t> {
                 Err(e) => ended.push((i, Err(e))),
             }
         }
-        ended.sort_by_key(|(i, _)| *i);
         ended
     }
 
