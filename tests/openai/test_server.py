@@ -814,10 +814,19 @@ def test_disconnect_in_prefill_stops_the_work(server, stream):
     assert stopped_after < give_up + 0.8 * full, f"stopped after {stopped_after:.2f}s, whole prefill ~{full:.2f}s"
 
 
-def test_disconnect_while_queued(server):
-    # a long request holds the engine; a second one queued behind it is dropped by its client
-    # and must never run: the generated tokens grow by the first one's only
+def test_disconnect_while_queued():
+    # a long request holds the engine (--max-batch 1: one running request fills the batch); a
+    # second one queued behind it is dropped by its client and must never run: the generated
+    # tokens grow by the first one's only
     # long enough (about 3 s here) that the queued request is dropped while this one runs
+    server = Server(["--served-model-name", SERVED, "--max-batch", "1"])
+    try:
+        _disconnect_while_queued(server)
+    finally:
+        server.stop()
+
+
+def _disconnect_while_queued(server):
     long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 300, "temperature": 0, **PLAIN}
     before = server.metrics()
     done = {}
@@ -839,6 +848,30 @@ def test_disconnect_while_queued(server):
     after = server.metrics()
     generated = metric(after, "mlx_spec:generation_tokens_total") - metric(before, "mlx_spec:generation_tokens_total")
     assert generated == done["r"].json()["usage"]["completion_tokens"], "the abandoned queued request ran"
+
+
+def test_concurrent_clients_get_what_they_get_alone(server):
+    # continuous batching through the official client: mixed requests sent together return
+    # the text (and log-probabilities) each returns alone
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    asks = [
+        dict(messages=[{"role": "user", "content": "Name three fruits."}], max_tokens=24, temperature=0),
+        dict(messages=[{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog."}],
+             max_tokens=24, temperature=0, logprobs=True, top_logprobs=2),
+        dict(messages=[{"role": "user", "content": "Write a haiku."}], max_tokens=20, temperature=0.8, seed=3),
+        dict(messages=[{"role": "user", "content": "Count to five."}], max_tokens=16, temperature=0,
+             extra_body={"num_draft_tokens": 0}),
+    ]
+
+    def ask(kw):
+        r = client.chat.completions.create(model=SERVED, **kw)
+        c = r.choices[0]
+        return c.message.content, (c.logprobs.model_dump() if c.logprobs else None)
+
+    alone = [ask(kw) for kw in asks]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(ask, asks))
+    assert together == alone
 
 
 # ---------------------------------------------------------------------------------------------
@@ -888,7 +921,8 @@ def test_the_fault_field_needs_the_flag(cold_server):
 
 
 def test_max_queue_one_with_three_parallel_requests():
-    s = Server(["--served-model-name", SERVED, "--max-queue", "1"], wait_healthy=False)
+    # one running (--max-batch 1) and one waiting are admitted, the third gets 503
+    s = Server(["--served-model-name", SERVED, "--max-queue", "1", "--max-batch", "1"], wait_healthy=False)
     try:
         # /health: 503 (OpenAI-shaped) while the model loads, then 200
         seen = []
@@ -925,8 +959,11 @@ def test_max_queue_one_with_three_parallel_requests():
         s.stop()
 
 
-def test_dead_engine_turns_health_503_and_fails_the_queue():
-    s = Server(["--served-model-name", SERVED, "--test-faults"])
+@pytest.mark.parametrize("max_batch", ["1", "4"])
+def test_dead_engine_turns_health_503_and_fails_the_queue(max_batch):
+    # one at a time, the running request finishes before the kill is taken off the queue; in a
+    # batch the kill is taken between rounds and the running request fails with the engine
+    s = Server(["--served-model-name", SERVED, "--test-faults", "--max-batch", max_batch])
     try:
         long = {"model": SERVED, "prompt": "Count from 1 to 1000:", "max_tokens": 60, "temperature": 0, **PLAIN}
         out = {}
@@ -939,7 +976,7 @@ def test_dead_engine_turns_health_503_and_fails_the_queue():
                 out[name] = e
 
         jobs = [
-            ("first", long, 0.0),
+            ("first", long if max_batch == "1" else {**long, "max_tokens": 300}, 0.0),
             ("kill", {**long, "max_tokens": 4, "x_test_fault": "kill_engine"}, 0.2),
             ("queued", long, 0.4),
         ]
@@ -950,8 +987,12 @@ def test_dead_engine_turns_health_503_and_fails_the_queue():
         for t in threads:
             t.join()
         assert time.monotonic() - t0 < 100
-        assert out["first"].status_code == 200, out["first"].text
-        for name in ("kill", "queued"):
+        failed = ("kill", "queued")
+        if max_batch == "1":
+            assert out["first"].status_code == 200, out["first"].text
+        else:
+            failed += ("first",)
+        for name in failed:
             r = out[name]
             assert isinstance(r, httpx.HTTPError) or r.status_code >= 500, (name, r.status_code, r.text)
             if not isinstance(r, httpx.HTTPError):
