@@ -169,6 +169,16 @@ pub trait JobQueue {
 pub struct Admitted {
     job: Job,
     metrics: Arc<Metrics>,
+    /// Set by [`Admitted::finish`]; a job dropped unfinished still leaves the running count.
+    finished: bool,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.metrics.requests_running.dec();
+        }
+    }
 }
 
 /// Where a running request's tokens go; records time to first token and inter-token
@@ -228,6 +238,7 @@ impl Admitted {
     pub fn finish(mut self, result: anyhow::Result<Summary>) {
         let event = record(&self.metrics, &self.job, result);
         self.metrics.requests_running.dec();
+        self.finished = true;
         // Free the request's queue slot before its client hears it is done, so a client that
         // sends its next request at once finds the slot free.
         drop(self.job.permit.take());
@@ -512,7 +523,7 @@ impl JobQueue for Queue {
             }
             self.metrics.request_queue_time.observe(job.arrived.elapsed().as_secs_f64());
             self.metrics.requests_running.inc();
-            let admitted = Admitted { job, metrics: self.metrics.clone() };
+            let admitted = Admitted { job, metrics: self.metrics.clone(), finished: false };
             if let Some(e) = injected_failure(admitted.spec()) {
                 admitted.finish(Err(e));
                 continue;
