@@ -103,6 +103,18 @@ pub struct BatchPart<'c> {
     pub cache: &'c mut ModelCache,
 }
 
+/// [`Error::Unsupported`] unless every cache has one layer per decoder layer (`layers`) and
+/// every tap is below `layers`.
+fn check_layers<'c>(layers: usize, caches: impl IntoIterator<Item = &'c ModelCache>, taps: &[usize]) -> Result<()> {
+    if let Some(c) = caches.into_iter().find(|c| c.layers.len() != layers) {
+        return Err(Error::Unsupported(format!("a cache of {} layers for a model of {layers}", c.layers.len())));
+    }
+    if let Some(&bad) = taps.iter().find(|&&t| t >= layers) {
+        return Err(Error::Unsupported(format!("tap layer {bad} of a {layers}-layer model")));
+    }
+    Ok(())
+}
+
 /// What a forward pass returns.
 pub struct ForwardOutput {
     /// Logits `[B, L, V]` (in the compute dtype).
@@ -255,16 +267,7 @@ impl Transformer {
             Arch::Decoder { embed, blocks, norm, rope, .. } => (embed, blocks, norm, rope),
             Arch::Gemma(g) => return g.hidden(tokens, cache, taps),
         };
-        if cache.layers.len() != blocks.len() {
-            return Err(Error::Unsupported(format!(
-                "a cache of {} layers for a model of {}",
-                cache.layers.len(),
-                blocks.len()
-            )));
-        }
-        if let Some(&bad) = taps.iter().find(|&&t| t >= blocks.len()) {
-            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", blocks.len())));
-        }
+        check_layers(blocks.len(), [&*cache], taps)?;
         let mut h = embed.forward(tokens)?;
         let mut tapped = vec![None; taps.len()];
         for (i, (block, layer_cache)) in blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
@@ -331,16 +334,7 @@ impl Transformer {
                     .collect();
             }
         };
-        if let Some(&bad) = taps.iter().find(|&&t| t >= blocks.len()) {
-            return Err(Error::Unsupported(format!("tap layer {bad} of a {}-layer model", blocks.len())));
-        }
-        if let Some(p) = parts.iter().find(|p| p.cache.layers.len() != blocks.len()) {
-            return Err(Error::Unsupported(format!(
-                "a cache of {} layers for a model of {}",
-                p.cache.layers.len(),
-                blocks.len()
-            )));
-        }
+        check_layers(blocks.len(), parts.iter().map(|p| &*p.cache), taps)?;
         let cap = self.batch_row_cap();
         let mut outputs = Vec::with_capacity(parts.len());
         let mut rest = parts;

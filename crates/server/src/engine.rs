@@ -279,7 +279,7 @@ pub fn serve_one_at_a_time<B: Backend>(backend: &mut B, queue: &mut dyn JobQueue
     }
 }
 
-/// Sets the gauges' metrics.
+/// Sets the gauge metrics from `g`: prompt-cache bytes and entries, MLX active memory (bytes).
 pub fn publish(metrics: &Metrics, g: Gauges) {
     metrics.prompt_cache_bytes.set(g.cache_bytes as i64);
     metrics.prompt_cache_entries.set(g.cache_entries as i64);
