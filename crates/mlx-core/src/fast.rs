@@ -118,9 +118,9 @@ pub enum AttentionMask<'a> {
 /// `[B, Hq, Lq, Dv]`. Grouped-query attention when `Hq` is a multiple of `Hkv` (query
 /// head `h` uses KV head `h / (Hq / Hkv)`).
 ///
-/// On the CPU backend, when `policy` has the kernel on, float32 inputs with at most
-/// [`crate::cpu_attention::MAX_QUERIES`] query rows and no explicit mask go to the fused
-/// kernel of [`crate::cpu_attention`].
+/// On the CPU backend, when `policy` has the kernel on, float32 inputs without an explicit
+/// mask go to the fused kernel of [`crate::cpu_attention`] (decode steps, verify windows
+/// and prompt chunks alike).
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] on mismatched shapes or head counts.

@@ -58,6 +58,19 @@ struct AttnProblem {
 // Keys query row i sees (at least 1: Lk >= 1, and Lq <= Lk when causal).
 int keys_for(const AttnProblem& p, int i) { return p.causal ? p.lk - p.lq + i + 1 : p.lk; }
 
+// The query rows of one KV head, numbered query-major: row t is query t / G of query head
+// kvh * G + t % G (G = Hq / Hkv, the heads sharing the KV head), so consecutive rows see the
+// same keys or one more. A task takes the rows [t0, t1).
+struct Rows {
+  const AttnProblem& p;
+  int kvh, t0, t1;
+  int group() const { return p.hq / p.hkv; }
+  int count() const { return t1 - t0; }
+  int head(int r) const { return kvh * group() + (t0 + r) % group(); }
+  int query(int r) const { return (t0 + r) / group(); }
+  int keys(int r) const { return keys_for(p, query(r)); }
+};
+
 // Portable: one head (b, h), its query rows [i0, i1).
 void head_portable(const AttnProblem& p, int b, int h, int i0, int i1, std::vector<float>& s, std::vector<float>& qs) {
   const int kvh = h / (p.hq / p.hkv);
@@ -128,56 +141,95 @@ AVX2_FN_ALWAYS __m256 hsum8x8(const __m256* v) {
   return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// One head (b, h), its query rows [i0, i1); D and Dv multiples of 8. `s` holds the scores padded
-// to a multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
-AVX2_FN void head_avx2(const AttnProblem& p, int b, int h, int i0, int i1, std::vector<float>& s,
-                       std::vector<float>& qs) {
-  const int kvh = h / (p.hq / p.hkv);
-  s.resize((p.lk + 7) / 8 * 8);
-  qs.resize(p.d);
+// Keys per block: the K (or V) rows of a block (16 KB at D = 64) stay in L1 while every query
+// row of a task uses them, so a KV head's cache is read from memory once per task instead of
+// once per query row (a decode step's query heads of one GQA group; a window's or a prompt
+// chunk's rows). A multiple of 8.
+constexpr int kKeyBlock = 64;
+
+// The query rows [t0, t1) of KV head `kvh` of batch `b` (see Rows); D and Dv multiples of 8.
+// Each row's result comes from the same float operations as it would alone, in the same order
+// (scores of 8 keys at a time reduced together, the rest one by one; max; exp and sum in
+// chunks of 8; the weighted values summed key by key, the accumulators kept in `acc` between
+// key blocks): the grouping only shares loads. `s` holds each row's scores padded to a
+// multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
+AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, std::vector<float>& s,
+                       std::vector<float>& qs, std::vector<float>& acc) {
+  const Rows rows{p, kvh, t0, t1};
+  const int stride = (p.lk + 7) / 8 * 8;
+  s.resize(static_cast<size_t>(rows.count()) * stride);
+  qs.resize(static_cast<size_t>(rows.count()) * p.d);
+  acc.resize(static_cast<size_t>(rows.count()) * (p.dv + 8));  // Dv accumulators and 1 / sum
   const __m256 scale = _mm256_set1_ps(p.scale);
-  for (int i = i0; i < i1; ++i) {
-    const int n = keys_for(p, i);
-    float* o = p.out_row(b, h, i);
-    const float* qr = p.q.row(b, h, i);
-    for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(qs.data() + d, _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
-    // Scores: one dot product per key (two accumulators over D), 8 keys at a time reduced
-    // together (hsum8x8: the same additions as hsum8, so the same bits as one at a time).
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-      __m256 dots[8];
-      _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) dots[u] = key_dot(qs.data(), p.k.row(b, kvh, j + u), p.d);
-      _mm256_storeu_ps(s.data() + j, hsum8x8(dots));
+  for (int r = 0; r < rows.count(); ++r) {
+    const float* qr = p.q.row(b, rows.head(r), rows.query(r));
+    for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(&qs[r * p.d + d], _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
+  }
+  const int last = rows.keys(rows.count() - 1);  // the most keys any row sees
+  // Scores: one dot product per key (two accumulators over D), 8 keys at a time reduced
+  // together (hsum8x8: the same additions as hsum8, so the same bits as one at a time).
+  for (int j0 = 0; j0 < last; j0 += kKeyBlock) {
+    for (int r = 0; r < rows.count(); ++r) {
+      const int j1 = std::min(j0 + kKeyBlock, rows.keys(r));
+      const float* q = &qs[r * p.d];
+      float* sr = &s[static_cast<size_t>(r) * stride];
+      int j = j0;
+      for (; j + 8 <= j1; j += 8) {
+        __m256 dots[8];
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) dots[u] = key_dot(q, p.k.row(b, kvh, j + u), p.d);
+        _mm256_storeu_ps(sr + j, hsum8x8(dots));
+      }
+      for (; j < j1; ++j) sr[j] = hsum8(key_dot(q, p.k.row(b, kvh, j), p.d));
     }
-    for (; j < n; ++j) s[j] = hsum8(key_dot(qs.data(), p.k.row(b, kvh, j), p.d));
-    const int padded = (n + 7) / 8 * 8;
-    for (int j = n; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  }
+  // Softmax weights, row by row.
+  for (int r = 0; r < rows.count(); ++r) {
+    float* sr = &s[static_cast<size_t>(r) * stride];
+    const int n = rows.keys(r), padded = (n + 7) / 8 * 8;
+    for (int j = n; j < padded; ++j) sr[j] = -std::numeric_limits<float>::infinity();
     __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s.data() + j));
+    for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
     const __m256 mx = _mm256_set1_ps(hmax8(vmax));
     __m256 vsum = _mm256_setzero_ps();
     for (int j = 0; j < padded; j += 8) {
-      __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), mx));
-      _mm256_storeu_ps(s.data() + j, e);
+      __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
+      _mm256_storeu_ps(sr + j, e);
       vsum = _mm256_add_ps(vsum, e);
     }
-    const __m256 inv = _mm256_set1_ps(1.f / hsum8(vsum));
-    // Weighted values, Dv in chunks of up to 8 vectors kept in registers.
-    for (int d0 = 0; d0 < p.dv; d0 += 64) {
-      const int chunks = std::min(8, (p.dv - d0) / 8);
-      __m256 acc[8];
-      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-      for (int j = 0; j < n; ++j) {
-        const __m256 pj = _mm256_set1_ps(s[j]);
-        const float* vr = p.v.row(b, kvh, j) + d0;
+    float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
+    std::fill(a, a + p.dv, 0.f);
+    a[p.dv] = 1.f / hsum8(vsum);
+  }
+  // Weighted values, Dv in chunks of up to 8 vectors kept in registers within a key block.
+  for (int j0 = 0; j0 < last; j0 += kKeyBlock) {
+    for (int r = 0; r < rows.count(); ++r) {
+      const int j1 = std::min(j0 + kKeyBlock, rows.keys(r));
+      const float* sr = &s[static_cast<size_t>(r) * stride];
+      float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
+      for (int d0 = 0; d0 < p.dv; d0 += 64) {
+        const int chunks = std::min(8, (p.dv - d0) / 8);
+        __m256 ac[8];
         _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-          if (c < chunks) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+          if (c < chunks) ac[c] = _mm256_loadu_ps(a + d0 + 8 * c);
+        }
+        for (int j = j0; j < j1; ++j) {
+          const __m256 pj = _mm256_set1_ps(sr[j]);
+          const float* vr = p.v.row(b, kvh, j) + d0;
+          _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+            if (c < chunks) ac[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), ac[c]);
+          }
+        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+          if (c < chunks) _mm256_storeu_ps(a + d0 + 8 * c, ac[c]);
         }
       }
-      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-        if (c < chunks) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(acc[c], inv));
-      }
     }
+  }
+  for (int r = 0; r < rows.count(); ++r) {
+    const float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
+    const __m256 inv = _mm256_set1_ps(a[p.dv]);
+    float* o = p.out_row(b, rows.head(r), rows.query(r));
+    for (int d = 0; d < p.dv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), inv));
   }
 }
 
@@ -189,18 +241,22 @@ bool attn_cpu_has_avx2() {
 
 std::atomic<uint64_t> g_attn_calls{0};
 
-// Query rows [i0, i1) of head bh = b * Hq + h.
-void run_rows(const AttnProblem& p, int bh, int i0, int i1) {
-  thread_local std::vector<float> s, qs;
-  const int b = bh / p.hq, h = bh % p.hq;
+// Rows [t0, t1) (see Rows) of KV head bk % Hkv of batch bk / Hkv.
+void run_rows(const AttnProblem& p, int bk, int t0, int t1) {
+  thread_local std::vector<float> s, qs, acc;
+  const int b = bk / p.hkv, kvh = bk % p.hkv;
 #ifdef MLXSYS_X86
-  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return head_avx2(p, b, h, i0, i1, s, qs);
+  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return rows_avx2(p, b, kvh, t0, t1, s, qs, acc);
 #endif
-  head_portable(p, b, h, i0, i1, s, qs);
+  const Rows rows{p, kvh, t0, t1};
+  for (int r = 0; r < rows.count(); ++r) head_portable(p, b, rows.head(r), rows.query(r), rows.query(r) + 1, s, qs);
 }
 
 // Multiply-adds per call below which one thread does all heads.
 constexpr int64_t kAttnParallelMin = 1 << 17;
+// Query rows per task at most: enough to share each K/V block among a GQA group's heads and
+// a prompt chunk's neighbouring rows, few enough to balance the threads.
+constexpr int kRowsPerTaskMax = 24;
 
 void compute_attention(const AttnProblem& p) {
   const int heads = p.b * p.hq;
@@ -208,14 +264,23 @@ void compute_attention(const AttnProblem& p) {
     std::fill(p.out, p.out + static_cast<int64_t>(heads) * p.lq * p.dv, std::numeric_limits<float>::quiet_NaN());
     return;
   }
+  const int kv_heads = p.b * p.hkv, per_kv = p.lq * (p.hq / p.hkv);  // rows per KV head
   const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
-  if (Pool::get().threads() <= 1 || heads * p.lq < 2 || work < kAttnParallelMin) {
-    for (int bh = 0; bh < heads; ++bh) run_rows(p, bh, 0, p.lq);
+  const int threads = Pool::get().threads();
+  if (threads <= 1 || heads * p.lq < 2 || work < kAttnParallelMin) {
+    for (int bk = 0; bk < kv_heads; ++bk) run_rows(p, bk, 0, per_kv);
     return;
   }
-  // One task per (head, query row): a verify window's rows balance the threads where whole
-  // heads (9 over 2 threads for SmolLM2) would not. A row's result does not depend on the split.
-  Pool::get().run(heads * p.lq, [&](int t) { run_rows(p, t / p.lq, t % p.lq, t % p.lq + 1); }, Pool::Linger::kShort);
+  // Tasks of at most kRowsPerTaskMax rows of one KV head, about 4 per thread where there are
+  // enough rows (a decode step of SmolLM2: 3 KV heads x 3 rows -> 6 tasks of 2 and 1 rows).
+  // A row's result does not depend on the split.
+  const int tasks_per_kv = std::max(1, (4 * threads + kv_heads - 1) / kv_heads);
+  const int per = std::clamp((per_kv + tasks_per_kv - 1) / tasks_per_kv, 1, kRowsPerTaskMax);
+  const int chunks = (per_kv + per - 1) / per;
+  Pool::get().run(kv_heads * chunks, [&](int t) {
+    const int t0 = (t % chunks) * per;
+    run_rows(p, t / chunks, t0, std::min(per_kv, t0 + per));
+  }, Pool::Linger::kShort);
 }
 
 // The view of a 4-D input; a last axis that is not contiguous is copied to `tmp` first.

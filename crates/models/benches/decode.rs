@@ -1,6 +1,9 @@
-//! Decode-speed benchmark on real weights: plain decode tokens/s and the verify-window cost
+//! Decode-speed benchmark on real weights: plain decode tokens/s, the verify-window cost
 //! curve `t(T)` (one forward over `T` tokens with logits for all `T`, on a KV cache filled
-//! with a ~400-token prompt, then rolled back), for `T` in 1, 2, 4, 8, 11, 16.
+//! with a ~400-token prompt, then rolled back), for `T` in 1, 2, 4, 8, 11, 16, and with a
+//! ~2,000-token prompt (`long` in the prompts file) prefill tokens/s and decode tokens/s after
+//! it (`generate`'s `prompt_tps` and `generation_tps`: prefill in chunks of 512), for the
+//! `ours` variant.
 //!
 //! Besides wall time it records the CPU time of the process (all threads) per decode token
 //! and per verify forward: on a shared machine that measures the work, which wall time does
@@ -89,6 +92,8 @@ struct Setup {
     reps: usize,
     decode_prompt: String,
     verify_prompt: String,
+    /// The long prompt (`None`: the prompts file has none; the long section is skipped).
+    long_prompt: Option<String>,
 }
 
 /// Busy jiffies of the whole machine (`/proc/stat`) and of this process (`/proc/self/stat`).
@@ -156,6 +161,18 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
             decode_cpu_ms.push((process_cpu_ns() - c0) as f64 / 1e6 / stats.generation_tokens.max(1) as f64);
         }
     }
+    // The long prompt on our kernels only: MLX's quantized kernels take minutes for it.
+    let long_ids = s.long_prompt.as_deref().filter(|_| variant == "ours").map(chat).unwrap_or_default();
+    let (mut prefill_tps, mut long_decode_tps) = (Vec::new(), Vec::new());
+    if !long_ids.is_empty() {
+        for rep in 0..=s.reps {
+            let stats = generate(&model, &long_ids, &params, |_| true).expect("generate after the long prompt");
+            if rep > 0 {
+                prefill_tps.push(stats.prompt_tps);
+                long_decode_tps.push(stats.generation_tps);
+            }
+        }
+    }
     let (mut cache, _) = prefill(&model, &verify_ids).expect("prefill");
     let window: Vec<u32> = verify_ids.iter().rev().take(16).copied().collect();
     let mut verify: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
@@ -189,8 +206,10 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
         "engine": "mlx-spec",
         "variant": variant,
         "model": dir.display().to_string(),
-        "prompt_tokens": {"decode": decode_ids.len(), "verify": verify_ids.len()},
+        "prompt_tokens": {"decode": decode_ids.len(), "verify": verify_ids.len(), "long": long_ids.len()},
         "decode_tps": decode_tps,
+        "prefill_tps": prefill_tps,
+        "long_decode_tps": long_decode_tps,
         "decode_cpu_ms_per_token": decode_cpu_ms,
         "verify_cpu_ms": verify_cpu.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "verify_ms": verify.iter().map(|(t, v)| (t.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
@@ -217,6 +236,7 @@ fn main() {
         reps: args.reps,
         decode_prompt: p["decode"].as_str().expect("decode prompt").to_string(),
         verify_prompt: p["verify"].as_str().expect("verify prompt").to_string(),
+        long_prompt: p["long"].as_str().map(str::to_string),
     };
     if !bench_mode {
         // `cargo test --all-targets`: a smoke pass only, on a model that is already there.
@@ -227,6 +247,7 @@ fn main() {
         }
         setup.tokens = 3;
         setup.reps = 1;
+        setup.long_prompt = None;
         run(dir, "ours", &setup);
         return;
     }

@@ -1,6 +1,7 @@
 //! Cost of the fused CPU attention on SmolLM2-135M's shapes (9 query heads, 3 KV heads,
 //! D = 64) for a verify window of T queries over a cache of L keys, 30 layers' worth as one
-//! graph: `cargo run --release -p models --example attn_profile -- [L]` (best of 20, ms).
+//! graph: `cargo run --release -p models --example attn_profile -- [L] [T,T,..]` (default 400
+//! keys, T = 1,11; best of 20, ms).
 use std::time::Instant;
 
 use mlx_core::{Array, Dtype, cpu_attention, eval, random};
@@ -8,12 +9,14 @@ use mlx_core::{Array, Dtype, cpu_attention, eval, random};
 fn main() {
     let lk: i32 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(400);
     let key = random::Key::new(3);
-    for t in [1, 11] {
+    let ts: Vec<i32> =
+        std::env::args().nth(2).unwrap_or("1,11".into()).split(',').map(|t| t.parse().unwrap()).collect();
+    for t in ts {
         let n = |s: &[i32]| random::normal(s, Dtype::Float32, 0.0, 1.0, &key).unwrap();
         let (q, k, v) = (n(&[1, 9, t, 64]), n(&[1, 3, lk + t, 64]), n(&[1, 3, lk + t, 64]));
         eval(&[&q, &k, &v]).unwrap();
         let mut best = f64::MAX;
-        for _ in 0..20 {
+        for _ in 0..if t > 64 { 3 } else { 20 } {
             let t0 = Instant::now();
             let outs: Vec<Array> =
                 (0..30).map(|_| cpu_attention::attention(&q, &k, &v, 0.125, t > 1).unwrap()).collect();
