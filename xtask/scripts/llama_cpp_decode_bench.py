@@ -47,18 +47,24 @@ long_ids = chat(prompts["long"]) if "long" in prompts else []
 llm = load(False)
 
 
+def next_token():
+    """Greedy next token from the last evaluated position's logits (without logits_all,
+    llama-cpp-python keeps no scores: the context holds the one output row)."""
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+
+
 def run(ids):
     """Prefill `ids`, then greedy decode: (prompt tokens/s, decode tokens/s, CPU ms a token)."""
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids)
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    nxt = next_token()
     prompt_tps = len(ids) / (time.perf_counter() - t0)
     # as mlx-lm's generation_tps: the first token comes from the prompt pass, then tokens - 1 steps
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tokens - 1):
         llm.eval([nxt])
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = next_token()
     wall = time.perf_counter() - t0
     return prompt_tps, (tokens - 1) / wall, (time.process_time() - c0) * 1e3 / (tokens - 1)
 
