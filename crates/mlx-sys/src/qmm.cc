@@ -257,7 +257,7 @@ bool cpu_has_avx2() {
 
 // ---------------------------------------------------------------------------------------
 // AVX-512F: chunks of 16 weights and two accumulators, same structure as above:
-//   w_c   = fma(decode16(q_c), scale_g, bias_g)
+//   w_c   = fma(decode16(q_c), scale_g, bias_g)   (4 bits: the same value by table, table16)
 //   acc_u = fma(w_c, x'_c, acc_u)   u = c % 2, in chunk order
 //   y     = reduce_add(acc_0 + acc_1)
 // For 4 bits, chunks come in pairs from the 16 bytes (32 weights) of 4 packed words: chunk
@@ -268,13 +268,6 @@ bool cpu_has_avx2() {
 // loads of x.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
 #define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
-
-// The 32 weights of 4-bit chunks 2j and 2j + 1 (j = c / 2), as floats.
-AVX512_FN_ALWAYS void decode32(const uint32_t* wr, int c, __m512& even, __m512& odd) {
-  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * (c / 2))));
-  even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
-  odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-}
 
 template <int BITS>
 AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
@@ -294,15 +287,26 @@ void permute_x4(const float* x, int m, int k, float* out) {
   }
 }
 
-// Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats.
+// Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats (8 bits, dense;
+// 4 bits go by table, lookup_pair4).
 template <int BITS>
 AVX512_FN_ALWAYS void decode_pair(const uint32_t* wr, int c, __m512& w0, __m512& w1) {
-  if constexpr (BITS == 4) {
-    decode32(wr, c, w0, w1);
-  } else {
-    w0 = decode16<BITS>(wr, c);
-    w1 = decode16<BITS>(wr, c + 1);
-  }
+  w0 = decode16<BITS>(wr, c);
+  w1 = decode16<BITS>(wr, c + 1);
+}
+
+// 4 bits by table: the 16 values a group's weights can take, fma(q, scale, bias) for q =
+// 0..15 (the same fma affine16 computes, so the same bits), looked up by each lane's nibble
+// (`vpermps` reads only an index's low 4 bits, so no mask is needed). Two permutes replace two
+// conversions and two FMAs per 32 weights.
+AVX512_FN_ALWAYS __m512 table16(__m512 sc, __m512 bi) {
+  return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), sc, bi);
+}
+// Dequantized 4-bit chunks c and c + 1 (c even) of one row from its group's table.
+AVX512_FN_ALWAYS void lookup_pair4(const uint32_t* wr, int c, __m512 table, __m512& w0, __m512& w1) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 4 * (c / 2))));
+  w0 = _mm512_permutexvar_ps(v, table);
+  w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
 }
 
 // As affine8/group8, 16 lanes.
@@ -341,14 +345,21 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
   for (int g = 0; g < groups; ++g) {
     __m512 sc[R], bi[R];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) group16<BITS>(p, n + r, g, sc[r], bi[r]);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+      group16<BITS>(p, n + r, g, sc[r], bi[r]);
+      if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);
+    }
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
         __m512 w0, w1;
-        decode_pair<BITS>(wr + r * words, c, w0, w1);
-        w0 = affine16<BITS>(w0, sc[r], bi[r]);
-        w1 = affine16<BITS>(w1, sc[r], bi[r]);
+        if constexpr (BITS == 4) {
+          lookup_pair4(wr + r * words, c, sc[r], w0, w1);
+        } else {
+          decode_pair<BITS>(wr + r * words, c, w0, w1);
+          w0 = affine16<BITS>(w0, sc[r], bi[r]);
+          w1 = affine16<BITS>(w1, sc[r], bi[r]);
+        }
         _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
           acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p.x + m * xs + 16 * c), acc[r][m][0]);
           acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.x + m * xs + 16 * c + 16), acc[r][m][1]);
@@ -401,6 +412,16 @@ struct Avx512Tiles {
     const int chunks_per_group = p.gs / 16;
     const uint32_t* wr = p.w_row(n);
     __m512 sc, bi;
+    if constexpr (BITS == 4) {  // chunk pairs by table (k0 and len are multiples of 32)
+      for (int c = k0 / 16; c < (k0 + len) / 16; c += 2) {
+        group16<BITS>(p, n, c / chunks_per_group, sc, bi);
+        __m512 w0, w1;
+        lookup_pair4(wr, c, table16(sc, bi), w0, w1);
+        _mm512_storeu_ps(row + 16 * c - k0, w0);
+        _mm512_storeu_ps(row + 16 * c + 16 - k0, w1);
+      }
+      return;
+    }
     for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
       group16<BITS>(p, n, c / chunks_per_group, sc, bi);
       _mm512_storeu_ps(row + 16 * c - k0, affine16<BITS>(decode16<BITS>(wr, c), sc, bi));
