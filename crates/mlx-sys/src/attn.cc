@@ -271,15 +271,17 @@ void compute_attention(const AttnProblem& p) {
     for (int bk = 0; bk < kv_heads; ++bk) run_rows(p, bk, 0, per_kv);
     return;
   }
-  // Tasks of at most kRowsPerTaskMax rows of one KV head, about 4 per thread where there are
-  // enough rows (a decode step of SmolLM2: 3 KV heads x 3 rows -> 6 tasks of 2 and 1 rows).
-  // A row's result does not depend on the split.
-  const int tasks_per_kv = std::max(1, (4 * threads + kv_heads - 1) / kv_heads);
-  const int per = std::clamp((per_kv + tasks_per_kv - 1) / tasks_per_kv, 1, kRowsPerTaskMax);
-  const int chunks = (per_kv + per - 1) / per;
+  // Tasks of balanced runs of at most kRowsPerTaskMax rows of one KV head, at least one task
+  // per thread: a KV head's rows stay together where there are enough KV heads, so its keys
+  // and values are read from memory once (a decode step of SmolLM2 over a 2,000-token cache:
+  // 3 tasks of the 3 query heads of a KV head decode about 6% faster, interleaved runs, than
+  // 6 tasks of 2 and 1 rows, which read each KV head twice). A row's result does not depend
+  // on the split.
+  const int chunks = std::max((threads + kv_heads - 1) / kv_heads, (per_kv + kRowsPerTaskMax - 1) / kRowsPerTaskMax);
+  const int per = (per_kv + chunks - 1) / chunks;
   Pool::get().run(kv_heads * chunks, [&](int t) {
     const int t0 = (t % chunks) * per;
-    run_rows(p, t / chunks, t0, std::min(per_kv, t0 + per));
+    if (t0 < per_kv) run_rows(p, t / chunks, t0, std::min(per_kv, t0 + per));
   }, Pool::Linger::kShort);
 }
 
