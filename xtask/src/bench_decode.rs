@@ -42,6 +42,15 @@ pub struct Args {
     /// CPU quantized kernels take minutes for a 2,000-token prompt).
     #[arg(long)]
     mlx_lm_long: bool,
+    /// mlx-spec's arms (kernel policies of `crates/models/benches/decode.rs`): `ours` (the
+    /// defaults), `mlx-kernels` (MLX's own kernels, what the pip wheel gives; slow on large
+    /// quantized models), `mlx-norm-rope`.
+    #[arg(long, value_delimiter = ',', default_value = "ours,mlx-kernels")]
+    variants: Vec<String>,
+    /// Skip the mlx-lm arm (it decodes Qwen2.5-Coder-1.5B 4-bit at well under 1 token/s here)
+    /// and keep llama.cpp's.
+    #[arg(long)]
+    no_mlx_lm: bool,
 }
 
 /// The fields holding one number per repetition, merged over rounds.
@@ -82,7 +91,7 @@ pub fn run(a: Args) -> Result<()> {
         c.args(["bench", "-p", "models", "--bench", "decode", "--", "--models", &joined, "--out"])
             .arg(&ours_path)
             .args(["--tokens", &a.tokens.to_string(), "--reps", &a.reps.to_string()])
-            .args(["--variants", "ours,mlx-kernels"]);
+            .args(["--variants", &a.variants.join(",")]);
         run_command(c)?;
         let mut rows: Vec<Value> = std::fs::read_to_string(&ours_path)?
             .lines()
@@ -91,7 +100,7 @@ pub fn run(a: Args) -> Result<()> {
             .collect::<std::result::Result<_, _>>()?;
         blas = rows.first().and_then(|r| r["blas"].as_str()).unwrap_or_default().to_string();
         let openblas = blas.strip_prefix("openblas (").and_then(|r| r.split(')').next()).map(str::to_string);
-        if a.python != "none" {
+        if a.python != "none" && !a.no_mlx_lm {
             for dir in &models_dirs {
                 let mut py = Command::new(&a.python);
                 // the same BLAS on both sides (Python MLX would bind the wheel's reference BLAS)
