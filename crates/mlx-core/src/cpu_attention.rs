@@ -3,7 +3,7 @@
 //! separate ops per layer (two BLAS calls per head among them): their dispatch costs more than
 //! the arithmetic of a short query window, and for a prompt chunk MLX's softmax runs on one
 //! thread, scalar (it made prefill of a 1,872-token prompt 13x slower, 45 against 590 tokens/s
-//! on SmolLM2-135M 4-bit, `docs/measurements/2026-12-03/`).
+//! on SmolLM2-135M 4-bit, `docs/measurements/2026-12-02/`).
 //!
 //! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/attn.cc`): one
 //! lazy graph node per layer, evaluated on the CPU stream, AVX2 + FMA when the CPU has them

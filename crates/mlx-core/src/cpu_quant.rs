@@ -5,10 +5,11 @@
 //! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/qmm.cc`): a
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T` tokens
-//! costs a fraction of `T` one-token steps), uses AVX-512F or AVX2 + FMA when the CPU has
-//! them (checked at run time; a portable path otherwise; the caller's [`KernelPolicy`] caps
-//! the choice, see [`KernelPolicy::isa`]) and splits the output features over all cores
-//! (process-wide: `MLX_SPEC_QMM_THREADS` or [`set_threads`]).
+//! costs a fraction of `T` one-token steps; a prompt chunk goes in blocks of at most 32
+//! rows whose activations stay in cache, each such a window), uses AVX-512F or AVX2 + FMA
+//! when the CPU has them (checked at run time; a portable path otherwise; the caller's
+//! [`KernelPolicy`] caps the choice, see [`KernelPolicy::isa`]) and splits the output
+//! features over all cores (process-wide: `MLX_SPEC_QMM_THREADS` or [`set_threads`]).
 //!
 //! The same kernels take dense float32 weights ([`dense_matmuls_t`], [`dense_swiglu_t`]):
 //! MLX sends those products to BLAS (`sgemv` for one row through mlx-sys's routing, `sgemm`

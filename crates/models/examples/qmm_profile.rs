@@ -1,7 +1,8 @@
 //! Throughput of the CPU quantized-matmul kernel on SmolLM2-135M's shapes (random weights,
 //! group size 32): best-of-N wall time per product (one evaluated graph node, so ~20 us of
 //! dispatch is included) and the multiply-adds per second it implies, for T activation rows:
-//! `cargo run --release -p models --example qmm_profile -- [T,T,..]` (default 1,8,11,16).
+//! `cargo run --release -p models --example qmm_profile -- [T,T,..] [NxKxBITSgGS,..]`
+//! (default T = 1,8,11,16; shapes SmolLM2's, e.g. `8960x1536x4g64` for Qwen2.5-1.5B's MLP).
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, quantize};
@@ -12,9 +13,20 @@ fn main() {
         std::env::args().nth(1).unwrap_or("1,8,11,16".into()).split(',').map(|t| t.parse().unwrap()).collect();
     let key = random::Key::new(1);
     let policy = mlx_core::KernelPolicy::all_on();
-    for (n, k, bits) in [(1536, 576, 4), (576, 1536, 4), (576, 576, 4), (49152, 576, 8)] {
+    let shapes: Vec<(i32, i32, i32, i32)> = match std::env::args().nth(2) {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let (nkb, gs) = s.split_once('g').expect("NxKxBITSgGS");
+                let v: Vec<i32> = nkb.split('x').map(|x| x.parse().expect("a number")).collect();
+                (v[0], v[1], v[2], gs.parse().expect("a group size"))
+            })
+            .collect(),
+        None => vec![(1536, 576, 4, 32), (576, 1536, 4, 32), (576, 576, 4, 32), (49152, 576, 8, 32)],
+    };
+    for (n, k, bits, gs) in shapes {
         let w = random::normal(&[n, k], Dtype::Float32, 0.0, 1.0, &key).unwrap();
-        let q = quantize(&w, QuantSpec::new(32, bits).unwrap()).unwrap();
+        let q = quantize(&w, QuantSpec::new(gs, bits).unwrap()).unwrap();
         eval(&[&q.weight, &q.scales, &q.biases]).unwrap();
         for &t in &ts {
             let x = random::normal(&[1, t, k], Dtype::Float32, 0.0, 1.0, &key).unwrap();
