@@ -69,11 +69,13 @@ struct Problem {
   const float* b_row(int n) const { return b + static_cast<size_t>(n) * groups(); }
 };
 
-// Software prefetch distance of the SIMD kernels' weight streams. A decode step reads every
-// weight from memory (a model's weights do not fit in the caches), and the hardware
+// Software prefetch distance of the one-row products' weight streams. A decode step reads
+// every weight from memory (a model's weights do not fit in the caches), and the hardware
 // prefetcher alone left a one-token product of Qwen2.5-1.5B's 117 MB LM head at 16 GB/s;
 // asking for the line 4 KB ahead of the one being decoded brings it to 35-38 GB/s (2.2x,
-// `qmm_profile 1 151936x1536x4g64`). Products whose weights stay in L3 are unchanged.
+// `qmm_profile 1 151936x1536x4g64`; Qwen2.5-1.5B 4-bit decodes 1.6x faster, SmolLM2 1.2x).
+// Windows (more rows, more work per weight) do not prefetch: it slowed SmolLM2's 11-row
+// windows by 10-20% (`window_profile`, interleaved builds).
 constexpr int kPrefetchBytes = 4096;
 #ifdef MLXSYS_X86
 __attribute__((always_inline)) inline void prefetch_ahead(const uint32_t* at) {
@@ -365,7 +367,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-        prefetch_ahead(wr + r * words + c * BITS / 2);
+        if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
         __m512 w0, w1;
         if constexpr (BITS == 4) {
           lookup_pair4(wr + r * words, c, sc[r], w0, w1);
@@ -428,7 +430,6 @@ struct Avx512Tiles {
     __m512 sc, bi;
     if constexpr (BITS == 4) {  // chunk pairs by table (k0 and len are multiples of 32)
       for (int c = k0 / 16; c < (k0 + len) / 16; c += 2) {
-        prefetch_ahead(wr + c * BITS / 2);
         group16<BITS>(p, n, c / chunks_per_group, sc, bi);
         __m512 w0, w1;
         lookup_pair4(wr, c, table16(sc, bi), w0, w1);
@@ -438,7 +439,6 @@ struct Avx512Tiles {
       return;
     }
     for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
-      prefetch_ahead(wr + c * BITS / 2);
       group16<BITS>(p, n, c / chunks_per_group, sc, bi);
       _mm512_storeu_ps(row + 16 * c - k0, affine16<BITS>(decode16<BITS>(wr, c), sc, bi));
     }
