@@ -38,7 +38,7 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for f in [
+    const SOURCES: [&str; 9] = [
         "src/shim.h",
         "src/shim.cc",
         "src/blas.cc",
@@ -48,9 +48,17 @@ fn main() {
         "src/pool.h",
         "src/simd.h",
         "src/lib.rs",
-    ] {
+    ];
+    // A digest of the C++ sources (FNV-1a 64): what a cache of measured kernel speeds (the
+    // speculative policy's cost curves) keys on, so a new build re-measures.
+    let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+    for f in SOURCES {
         println!("cargo:rerun-if-changed={f}");
+        for b in std::fs::read(f).unwrap_or_default() {
+            digest = (digest ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
     }
+    println!("cargo:rustc-env=MLX_SYS_SOURCES_DIGEST={digest:016x}");
 
     let target = Target::from_env();
     let root = find_mlx(&target);

@@ -222,13 +222,17 @@ fn print_table(models_dirs: &[PathBuf], merged: &BTreeMap<(String, String), Valu
             println!("{name:<30} ours: decode after the long prompt / after a short one {long_ratio:.2}x");
             for base in ["mlx-lm", "llama.cpp"] {
                 if let Some(b) = of(base) {
-                    let ratio = |f: &str| med(&ours[f]) / med(&b[f]);
-                    println!(
-                        "{name:<30} ours / {base}: decode {:.2}x, prefill {:.2}x, decode after the long prompt {:.2}x",
-                        ratio("decode_tps"),
-                        ratio("prefill_tps"),
-                        ratio("long_decode_tps")
-                    );
+                    let ratios: Vec<String> = [
+                        ("decode", "decode_tps"),
+                        ("prefill", "prefill_tps"),
+                        ("decode after the long prompt", "long_decode_tps"),
+                    ]
+                    .iter()
+                    .map(|(what, f)| (what, med(&ours[*f]) / med(&b[*f])))
+                    .filter(|(_, r)| r.is_finite())
+                    .map(|(what, r)| format!("{what} {r:.2}x"))
+                    .collect();
+                    println!("{name:<30} ours / {base}: {}", ratios.join(", "));
                 }
             }
         }

@@ -204,13 +204,14 @@ impl PartialEq for KernelPolicy {
 
 impl KernelPolicy {
     /// The choices that change a model's speed, as one word for cache keys (e.g. a cost
-    /// curve's): the four switches, the instruction-set cap, threads per call, and the
-    /// process's BLAS, sgemv rewrite and pool threads ([`Settings::global`]). Counters are
-    /// not part of it.
+    /// curve's): the four switches, the instruction-set cap, threads per call, the
+    /// process's BLAS, sgemv rewrite and pool threads ([`Settings::global`]), and the
+    /// kernels' build ([`mlx_sys::SOURCES_DIGEST`]: a new kernel is measured anew).
+    /// Counters are not part of it.
     pub fn key(&self) -> String {
         let p = &Settings::global().process;
         format!(
-            "qmm={} dense={} fast={} sdpa={} isa={} threads={:?} blas={} gemv={} pool={:?}",
+            "qmm={} dense={} fast={} sdpa={} isa={} threads={:?} blas={} gemv={} pool={:?} kernels={}",
             self.qmm,
             self.dense,
             self.fast_norm_rope,
@@ -220,6 +221,7 @@ impl KernelPolicy {
             p.blas.value.as_deref().unwrap_or("auto"),
             p.gemv_routing.value,
             p.threads.value,
+            mlx_sys::SOURCES_DIGEST,
         )
     }
 

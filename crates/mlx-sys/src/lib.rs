@@ -338,6 +338,10 @@ pub mod ffi {
 /// CBLAS; see `src/blas.cc`). `false` on macOS, where libmlx uses Accelerate.
 pub const HAS_BLAS_SWITCH: bool = matches!(env!("MLX_SYS_BLAS_SWITCH").as_bytes(), b"1");
 
+/// A digest of this crate's C++ kernel and bridge sources (FNV-1a 64, hex), computed by the
+/// build script: changes with every change to the kernels, for caches of measured speeds.
+pub const SOURCES_DIGEST: &str = env!("MLX_SYS_SOURCES_DIGEST");
+
 /// The MLX installation this crate was built against (the directory holding `include/` and
 /// `lib/`), as chosen by the build script.
 pub const MLX_ROOT: &str = env!("MLX_SYS_ROOT");
