@@ -785,10 +785,11 @@ def test_disconnect_in_decode_stops_the_work(server):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_disconnect_in_prefill_stops_the_work(server, stream):
-    # ~1300 tokens: three prefill chunks of 512; the client gives up during the first one, so
+    # ~4,000 tokens: eight prefill chunks of 512 (about 7 s here; with ~1,300 tokens the
+    # prefill ended before the client gave up); the client gives up during the first ones, so
     # the work must stop before the whole prefill is done
     tag = "Streamed" if stream else "Whole"
-    long = f"{tag} summary: " + " ".join(f"sentence {i} is about topic {i % 7}." for i in range(125))
+    long = f"{tag} summary: " + " ".join(f"sentence {i} is about topic {i % 7}." for i in range(400))
     give_up = 0.5
     body = {"model": SERVED, "prompt": long, "max_tokens": 8, "temperature": 0, "stream": stream, **PLAIN}
     t0 = time.monotonic()
