@@ -362,7 +362,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
     __m512 sc[R], bi[R];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
       group16<BITS>(p, n + r, g, sc[r], bi[r]);
-      if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);
+      if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);  // 4 bits: sc holds the group's table
     }
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
