@@ -3,9 +3,9 @@ llama-cpp-python package, is importable): plain decode tokens/s and the verify-w
 curve t(T) on a GGUF, measured as `crates/models/benches/decode.rs` measures mlx-spec (same
 prompts and chat template, token ids from the paired model directory's tokenizer, greedy,
 2 threads). Decode runs with last-token logits; the verify windows with logits for every
-position (`logits_all=True`, what a verifier needs). With a `long` prompt in the prompts
-file: prefill tokens/s of it (batches of 512) and decode tokens/s after it. The KV cache is trimmed back after each
-window (`Llama.eval` drops positions past `n_tokens`).
+position (`logits_all=True`, what a verifier needs); the KV cache is trimmed back after each
+window (`Llama.eval` drops positions past `n_tokens`). With a `long` prompt in the prompts
+file: prefill tokens/s of it (batches of 512) and decode tokens/s after it.
 
     python llama_cpp_decode_bench.py GGUF MODEL_DIR PROMPTS_JSON TOKENS REPS   # one JSON line
 

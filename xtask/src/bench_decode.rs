@@ -58,6 +58,9 @@ const LISTS: [&str; 5] = ["decode_tps", "decode_cpu_ms_per_token", "prefill_tps"
 /// The fields holding one list per window size.
 const MAPS: [&str; 2] = ["verify_ms", "verify_cpu_ms"];
 
+/// Runs the arms in rounds, writes every repetition to `target/bench-decode/merged.json`
+/// (atomically) and prints the table. Errors: a model that cannot be fetched or imported, an
+/// arm whose process fails (its stderr in the message), or output that is not its JSON line.
 pub fn run(a: Args) -> Result<()> {
     let (models_dirs, gguf) = if a.model.is_empty() {
         let q = models::default_model::ensure_default_model(&mut |_| {})?;
@@ -132,15 +135,15 @@ pub fn run(a: Args) -> Result<()> {
                 (r["model"].as_str().unwrap_or("?").to_string(), r["variant"].as_str().unwrap_or("?").to_string());
             match merged.get_mut(&key) {
                 Some(m) => merge(m, &r),
-                None => {
-                    merged.insert(key, r);
-                }
+                None => drop(merged.insert(key, r)),
             }
         }
     }
     let all: Vec<&Value> = merged.values().collect();
     let raw = out_dir.join("merged.json");
-    std::fs::write(&raw, serde_json::to_string_pretty(&all)?)?;
+    let partial = raw.with_extension("json.partial");
+    std::fs::write(&partial, serde_json::to_string_pretty(&all)?)?;
+    std::fs::rename(&partial, &raw)?;
     print_table(&models_dirs, &merged, &blas);
     println!("raw: {} (every repetition of every round)", raw.display());
     Ok(())

@@ -151,28 +151,26 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
     };
     let (decode_ids, verify_ids) = (chat(&s.decode_prompt), chat(&s.verify_prompt));
     let params = GenerateParams { max_tokens: s.tokens, sampler: Sampler::default(), eos: vec![] };
-    let mut decode_tps = Vec::new();
-    let mut decode_cpu_ms = Vec::new();
-    for rep in 0..=s.reps {
-        let c0 = process_cpu_ns();
-        let stats = generate(&model, &decode_ids, &params, |_| true).expect("generate");
-        if rep > 0 {
-            decode_tps.push(stats.generation_tps);
-            decode_cpu_ms.push((process_cpu_ns() - c0) as f64 / 1e6 / stats.generation_tokens.max(1) as f64);
-        }
-    }
+    // `reps` timed runs (after a warm-up) of `ids`: the stats and CPU ms per generated token.
+    let timed = |ids: &[u32]| -> Vec<(models::GenerationStats, f64)> {
+        (0..=s.reps)
+            .map(|_| {
+                let c0 = process_cpu_ns();
+                let stats = generate(&model, ids, &params, |_| true).expect("generate");
+                let cpu_ms = (process_cpu_ns() - c0) as f64 / 1e6 / stats.generation_tokens.max(1) as f64;
+                (stats, cpu_ms)
+            })
+            .skip(1)
+            .collect()
+    };
+    let runs = timed(&decode_ids);
+    let decode_tps: Vec<f64> = runs.iter().map(|(st, _)| st.generation_tps).collect();
+    let decode_cpu_ms: Vec<f64> = runs.iter().map(|(_, cpu)| *cpu).collect();
     // The long prompt on our kernels only: MLX's quantized kernels take minutes for it.
     let long_ids = s.long_prompt.as_deref().filter(|_| variant == "ours").map(chat).unwrap_or_default();
-    let (mut prefill_tps, mut long_decode_tps) = (Vec::new(), Vec::new());
-    if !long_ids.is_empty() {
-        for rep in 0..=s.reps {
-            let stats = generate(&model, &long_ids, &params, |_| true).expect("generate after the long prompt");
-            if rep > 0 {
-                prefill_tps.push(stats.prompt_tps);
-                long_decode_tps.push(stats.generation_tps);
-            }
-        }
-    }
+    let long_runs = if long_ids.is_empty() { Vec::new() } else { timed(&long_ids) };
+    let prefill_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.prompt_tps).collect();
+    let long_decode_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.generation_tps).collect();
     let (mut cache, _) = prefill(&model, &verify_ids).expect("prefill");
     let window: Vec<u32> = verify_ids.iter().rev().take(16).copied().collect();
     let mut verify: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
