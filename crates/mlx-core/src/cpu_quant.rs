@@ -65,6 +65,7 @@ pub fn quantized_matmul_t(
             spec.group_size,
             spec.bits,
             policy.max_isa as i32,
+            policy.precision as i32,
             policy.threads_arg(),
         ),
     )
@@ -88,6 +89,7 @@ pub fn quantized_matmuls_t(x: &Array, mats: &[&QuantizedMatrix], policy: &Kernel
         spec.bits,
         false,
         policy.max_isa as i32,
+        policy.precision as i32,
         policy.threads_arg(),
     )
     .map_err(|e| crate::Error::mlx("cpu_quantized_matmuls", e))?;
@@ -114,6 +116,7 @@ pub fn swiglu_t(x: &Array, gate: &QuantizedMatrix, up: &QuantizedMatrix, policy:
         spec.bits,
         true,
         policy.max_isa as i32,
+        policy.precision as i32,
         policy.threads_arg(),
     )
     .map_err(|e| crate::Error::mlx("cpu_quantized_swiglu", e))?;

@@ -103,6 +103,51 @@ impl fmt::Display for Isa {
     }
 }
 
+/// The arithmetic of the quantized matmul kernel ([`crate::cpu_quant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Precision {
+    /// float32 products and sums: MLX's `quantized_matmul` up to summation order (the
+    /// default; every parity golden against mlx-lm holds on it).
+    #[default]
+    F32 = 0,
+    /// Opt-in: each dequantized weight (the f32 value `scale * q + bias`) and each activation
+    /// rounded to bfloat16 (round to nearest even), products summed in float32 by bf16 dot
+    /// products (`vdpbf16ps`, AVX512_BF16: twice the multiply-adds of an f32 FMA per
+    /// instruction; on CPUs without it, portable code with the same bits, slower). Only
+    /// quantized matmuls change; a row's result still does not depend on the number of rows,
+    /// so speculation is lossless against this precision's plain decoding. Its distance from
+    /// f32 is measured by `cargo xtask precision` (perplexity and top-1 agreement).
+    Bf16 = 1,
+}
+
+impl Precision {
+    /// All, the default first.
+    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+
+    /// `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// Parses [`Precision::name`] (case-insensitive, surrounding blanks ignored).
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Some(Precision::F32),
+            "bf16" | "bfloat16" => Some(Precision::Bf16),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Graph nodes each kernel received through one [`KernelPolicy`] (and its clones).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCalls {
@@ -179,6 +224,8 @@ pub struct KernelPolicy {
     pub sdpa: bool,
     /// The best instruction set the matmul kernel may use (`MLX_SPEC_QMM_ISA`).
     pub max_isa: Isa,
+    /// The quantized matmul kernel's arithmetic (`MLX_SPEC_PRECISION`).
+    pub precision: Precision,
     /// Threads one matmul is split over (clamped to 1..=cores); `None`: the pool's
     /// process-wide count (`MLX_SPEC_QMM_THREADS`, default all cores).
     pub threads: Option<usize>,
@@ -197,26 +244,27 @@ impl Default for KernelPolicy {
 impl PartialEq for KernelPolicy {
     /// Same switches and cap (the counters are not compared).
     fn eq(&self, o: &Self) -> bool {
-        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa, self.threads)
-            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa, o.threads)
+        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa, self.precision, self.threads)
+            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa, o.precision, o.threads)
     }
 }
 
 impl KernelPolicy {
     /// The choices that change a model's speed, as one word for cache keys (e.g. a cost
-    /// curve's): the four switches, the instruction-set cap, threads per call, the
+    /// curve's): the four switches, the instruction-set cap, the precision, threads per call, the
     /// process's BLAS, sgemv rewrite and pool threads ([`Settings::global`]), and the
     /// kernels' build ([`mlx_sys::SOURCES_DIGEST`]: a new kernel is measured anew).
     /// Counters are not part of it.
     pub fn key(&self) -> String {
         let p = &Settings::global().process;
         format!(
-            "qmm={} dense={} fast={} sdpa={} isa={} threads={:?} blas={} gemv={} pool={:?} kernels={}",
+            "qmm={} dense={} fast={} sdpa={} isa={} precision={} threads={:?} blas={} gemv={} pool={:?} kernels={}",
             self.qmm,
             self.dense,
             self.fast_norm_rope,
             self.sdpa,
             self.max_isa,
+            self.precision,
             self.threads,
             p.blas.value.as_deref().unwrap_or("auto"),
             p.gemv_routing.value,
@@ -225,7 +273,7 @@ impl KernelPolicy {
         )
     }
 
-    /// Every kernel on, the best instruction set; ignores the environment.
+    /// Every kernel on, the best instruction set, f32 precision; ignores the environment.
     pub fn all_on() -> Self {
         Self::switches(true)
     }
@@ -242,9 +290,17 @@ impl KernelPolicy {
             fast_norm_rope: on,
             sdpa: on,
             max_isa: Isa::Avx512f,
+            precision: Precision::F32,
             threads: None,
             counters: KernelCounters::default(),
         }
+    }
+
+    /// This policy with the quantized matmul kernel's arithmetic `precision` (same counters).
+    #[must_use]
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// This policy with the instruction-set cap `isa` (same counters).
@@ -278,9 +334,11 @@ impl KernelPolicy {
         self.counters.calls()
     }
 
-    /// The instruction set the matmul kernel uses under this policy on this CPU.
+    /// The instruction set the quantized matmul kernel uses under this policy on this CPU
+    /// (`avx512f`, `avx2+fma`, `portable`; in bf16 precision `avx512f+avx512bf16 (bf16)` or
+    /// `portable (bf16)`).
     pub fn isa(&self) -> String {
-        ffi::cpu_qmm_isa(self.max_isa as i32)
+        ffi::cpu_qmm_isa(self.max_isa as i32, self.precision as i32)
     }
 
     /// Whether quantized matmuls go to the CPU kernel: [`KernelPolicy::qmm`] on the CPU backend.
@@ -361,6 +419,8 @@ pub struct Settings {
     pub sdpa: Setting<bool>,
     /// `MLX_SPEC_QMM_ISA`.
     pub max_isa: Setting<Isa>,
+    /// `MLX_SPEC_PRECISION`.
+    pub precision: Setting<Precision>,
     /// The per-process settings.
     pub process: ProcessSettings,
     /// The `tracing` filter of the CLI (`MLX_SPEC_LOG`, e.g. `debug` or `spec=debug`);
@@ -440,6 +500,14 @@ impl Settings {
             }
             None => Setting::default(Isa::Avx512f),
         };
+        let precision = match lookup("MLX_SPEC_PRECISION").map(|v| (Precision::parse(&v), v)) {
+            Some((Some(p), _)) => Setting { value: p, source: Source::Env("MLX_SPEC_PRECISION") },
+            Some((None, v)) => {
+                refuse("MLX_SPEC_PRECISION", &v, "f32 or bf16", "f32");
+                Setting::default(Precision::F32)
+            }
+            None => Setting::default(Precision::F32),
+        };
         let threads = match parsed("MLX_SPEC_QMM_THREADS", "one per core").filter(|&n| {
             if n == 0 {
                 refuse("MLX_SPEC_QMM_THREADS", "0", "at least 1", "one per core");
@@ -489,6 +557,7 @@ impl Settings {
             fast_norm_rope,
             sdpa,
             max_isa,
+            precision,
             process: ProcessSettings { blas, gemv_routing, threads, pool_spin_us },
             log,
             cache_dir,
@@ -505,6 +574,7 @@ impl Settings {
             fast_norm_rope: self.fast_norm_rope.value,
             sdpa: self.sdpa.value,
             max_isa: self.max_isa.value,
+            precision: self.precision.value,
             threads: None,
             counters: KernelCounters::default(),
         }
@@ -544,6 +614,12 @@ impl Settings {
                 value: self.max_isa.value.to_string(),
                 source: self.max_isa.source,
                 about: "instruction-set cap of the matmul kernel: portable, avx2+fma, avx512f",
+            },
+            Entry {
+                name: "MLX_SPEC_PRECISION",
+                value: self.precision.value.to_string(),
+                source: self.precision.source,
+                about: "quantized matmul arithmetic: f32 (MLX's results) or bf16 (opt-in, faster windows and prefill)",
             },
             Entry {
                 name: "MLX_SPEC_QMM_THREADS",
@@ -637,7 +713,8 @@ mod tests {
         assert!(s.process.gemv_routing.value);
         assert_eq!(s.python.value, "python3");
         assert!(s.entries().iter().all(|e| e.source == Source::Default));
-        assert_eq!(s.entries().len(), 12);
+        assert_eq!(s.entries().len(), 13);
+        assert_eq!(s.precision.value, Precision::F32);
     }
 
     #[test]
@@ -647,6 +724,7 @@ mod tests {
             ("MLX_SPEC_SDPA", "0"),
             ("MLX_SPEC_FAST", "on"),
             ("MLX_SPEC_QMM_ISA", "avx2"),
+            ("MLX_SPEC_PRECISION", " BF16"),
             ("MLX_SPEC_QMM_THREADS", "3"),
             ("MLX_SPEC_POOL_SPIN_US", "100"),
             ("MLX_SPEC_GEMV", "off"),
@@ -663,6 +741,9 @@ mod tests {
         assert_eq!(s.cache_dir, Setting { value: PathBuf::from("/c"), source: Source::Env("MLX_SPEC_CACHE") });
         let p = s.kernel_policy();
         assert!(!p.qmm && p.dense && p.fast_norm_rope && !p.sdpa && p.max_isa == Isa::Avx2Fma);
+        assert_eq!(s.precision, Setting { value: Precision::Bf16, source: Source::Env("MLX_SPEC_PRECISION") });
+        assert_eq!(p.precision, Precision::Bf16);
+        assert!(p.key().contains("precision=bf16"), "{}", p.key());
         let xdg = from(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
         assert_eq!(xdg.cache_dir.value, PathBuf::from("/x/mlx-spec"));
         assert_eq!(from(&[("HOME", "/h")]).cache_dir.value, PathBuf::from("/h/.cache/mlx-spec"));
@@ -670,13 +751,20 @@ mod tests {
 
     #[test]
     fn values_that_do_not_parse_are_named_and_keep_the_default() {
-        let s = from(&[("MLX_SPEC_QMM_ISA", "avx9"), ("MLX_SPEC_POOL_SPIN_US", "abc"), ("MLX_SPEC_QMM_THREADS", "3")]);
+        let s = from(&[
+            ("MLX_SPEC_QMM_ISA", "avx9"),
+            ("MLX_SPEC_POOL_SPIN_US", "abc"),
+            ("MLX_SPEC_QMM_THREADS", "3"),
+            ("MLX_SPEC_PRECISION", "int4"),
+        ]);
         assert_eq!(s.max_isa, Setting { value: Isa::Avx512f, source: Source::Default });
+        assert_eq!(s.precision, Setting { value: Precision::F32, source: Source::Default });
         assert_eq!(s.process.pool_spin_us.value, 5000);
         assert_eq!(
             s.invalid,
             [
                 "MLX_SPEC_QMM_ISA=avx9: expected portable, avx2+fma or avx512f; using avx512f",
+                "MLX_SPEC_PRECISION=int4: expected f32 or bf16; using f32",
                 "MLX_SPEC_POOL_SPIN_US=abc: expected a whole number; using 5000",
             ]
         );

@@ -288,8 +288,10 @@ pub mod ffi {
             group_size: i32,
             bits: i32,
             max_isa: i32,
+            precision: i32,
             threads: i32,
         ) -> Result<UniquePtr<MxArray>>;
+        #[allow(clippy::too_many_arguments)]
         fn cpu_quantized_matmuls(
             x: &MxArray,
             mats: &ArrayList,
@@ -297,6 +299,7 @@ pub mod ffi {
             bits: i32,
             swiglu: bool,
             max_isa: i32,
+            precision: i32,
             threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
         fn cpu_dense_matmuls(
@@ -306,7 +309,7 @@ pub mod ffi {
             max_isa: i32,
             threads: i32,
         ) -> Result<UniquePtr<ArrayList>>;
-        fn cpu_qmm_isa(max_isa: i32) -> String;
+        fn cpu_qmm_isa(max_isa: i32, precision: i32) -> String;
         fn cpu_qmm_calls() -> u64;
         fn cpu_qmm_threads() -> i32;
         fn cpu_qmm_set_threads(n: i32);

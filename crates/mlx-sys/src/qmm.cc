@@ -60,6 +60,9 @@ struct Problem {
   const float* b;
   float* out;
   int m, n, k, gs, bits;
+  // bf16 precision only: x rounded to bf16, each 32-block in the lane order of the weights'
+  // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
+  const uint16_t* xb = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
@@ -509,6 +512,235 @@ bool cpu_has_avx2() { return false; }
 bool cpu_has_avx512() { return false; }
 #endif
 
+// ---------------------------------------------------------------------------------------
+// bf16 precision (opt-in; mlx-core's `Precision::Bf16`). The weights of each chunk pair (32
+// weights: chunks c and c + 1, c even) are dequantized to the f32 values of f32 precision and
+// rounded to bf16; the activations are rounded to bf16 once per call (`prepare_bf16`); the
+// products are bf16 dot products accumulated in f32, 32 multiply-adds an instruction
+// (`vdpbf16ps`, AVX512_BF16) where the f32 path's FMA does 16. Per output element:
+//   wb_P  = bf16(w of chunk pair P)          32 weights in the f32 AVX-512 path's lane order
+//   acc_u = dpbf16(acc_u, wb_P, xb_P)        u = P % 2, in pair order
+//   y     = reduce16(acc_0 + acc_1)
+// dpbf16 is, per f32 lane j, two round-to-nearest FMAs, element 2j + 1 first, then 2j, with
+// denormal inputs read as zero and denormal results flushed to zero (Intel SDM, VDPBF16PS);
+// bf16(v) rounds to nearest even, denormals to zero (VCVTNEPS2BF16); reduce16 is one fixed
+// tree. `rows_bf16_portable` does the same operations in scalar C++: every instruction set
+// gives the same bits, and a row's result does not depend on the number of rows (window rows
+// equal one-token rows, so speculation stays lossless against this precision's plain decode).
+constexpr int kF32 = 0;
+constexpr int kBf16 = 1;
+
+// VCVTNEPS2BF16 of one value.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t exponent = u & 0x7F800000u;
+  if (exponent == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);  // zero, denormal
+  if (exponent == 0x7F800000u) {                                           // inf, NaN (quiet)
+    return static_cast<uint16_t>((u >> 16) | ((u & 0x007FFFFFu) ? 0x40u : 0u));
+  }
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// One lane of dpbf16: acc + a1 * b1, then + a0 * b0 (products of bf16 values are exact in f32).
+float dot_pair_bf16(float acc, uint16_t a0, uint16_t b0, uint16_t a1, uint16_t b1) {
+  auto flush = [](float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.f, v) : v; };
+  acc = flush(std::fma(from_bf16(a1), from_bf16(b1), acc));
+  return flush(std::fma(from_bf16(a0), from_bf16(b0), acc));
+}
+
+// The fixed reduction of 16 lanes: lanes i + 8, then i + 4, i + 2, i + 1 (reduce16 below).
+float reduce16_portable(const float* v) {
+  float s[8], t[4];
+  for (int i = 0; i < 8; ++i) s[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+// Weight j (0..31) of chunk pair P's lane order: 4 bits, even weights of the 32-block, then
+// odd (permute_x4's order); 8 bits, as stored.
+int pair_index(int bits, int p, int j) {
+  return 32 * p + (bits == 4 ? (j < 16 ? 2 * j : 2 * (j - 16) + 1) : j);
+}
+
+// x [M, K] -> bf16 in chunk-pair lane order, row stride K.
+void prepare_bf16_portable(const float* x, int m, int k, int bits, uint16_t* out) {
+  for (int r = 0; r < m; ++r) {
+    for (int p = 0; p < k / 32; ++p) {
+      for (int j = 0; j < 32; ++j) {
+        out[static_cast<size_t>(r) * k + 32 * p + j] = to_bf16(x[static_cast<size_t>(r) * k + pair_index(bits, p, j)]);
+      }
+    }
+  }
+}
+
+void rows_bf16_portable(const Problem& p, int n0, int n1) {
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  std::vector<uint16_t> wb(p.k);
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w_row(n);
+    for (int pp = 0; pp < p.k / 32; ++pp) {
+      for (int j = 0; j < 32; ++j) {
+        const int i = pair_index(p.bits, pp, j), g = i / p.gs;
+        const uint32_t q = (wr[i / per_word] >> ((i % per_word) * p.bits)) & mask;
+        wb[32 * pp + j] = to_bf16(std::fma(static_cast<float>(q), p.s_row(n)[g], p.b_row(n)[g]));
+      }
+    }
+    for (int m = 0; m < p.m; ++m) {
+      const uint16_t* xr = p.xb + static_cast<size_t>(m) * p.k;
+      float acc[2][16] = {};
+      for (int pp = 0; pp < p.k / 32; ++pp) {
+        float* a = acc[pp % 2];
+        for (int j = 0; j < 16; ++j) {
+          const int e = 32 * pp + 2 * j;
+          a[j] = dot_pair_bf16(a[j], wb[e], xr[e], wb[e + 1], xr[e + 1]);
+        }
+      }
+      float v[16];
+      for (int j = 0; j < 16; ++j) v[j] = acc[0][j] + acc[1][j];
+      p.out[static_cast<size_t>(m) * p.n + n] = reduce16_portable(v);
+    }
+  }
+}
+
+#ifdef MLXSYS_X86
+#define BF16_FN __attribute__((target("avx512f,avx512bf16,avx2,fma"))) inline
+#define BF16_FN_ALWAYS __attribute__((target("avx512f,avx512bf16,avx2,fma"), always_inline)) inline
+
+bool cpu_has_avx512_bf16() {
+  static const bool yes = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+// reduce16_portable's tree with vector adds.
+BF16_FN_ALWAYS float reduce16(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 s = _mm256_add_ps(lo, hi);
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+// prepare_bf16_portable with VCVTNE2PS2BF16 (the same rounding).
+BF16_FN void prepare_bf16(const float* x, int m, int k, int bits, uint16_t* out) {
+  thread_local std::vector<float> permuted;
+  if (bits == 4) {
+    permuted.resize(static_cast<size_t>(m) * k);
+    permute_x4(x, m, k, permuted.data());
+    x = permuted.data();
+  }
+  for (size_t i = 0; i < static_cast<size_t>(m) * k; i += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+    _mm512_storeu_si512(out + i, reinterpret_cast<const __m512i&>(v));
+  }
+}
+
+// Weight rows n .. n + R of M activation rows, as rows_avx512_regs (one decode of each chunk
+// pair for all M rows, two weight rows at a time for one activation row). The group size is a
+// template argument so that each pair's accumulator (pair index mod 2) is known at compile
+// time and the accumulators stay in registers.
+template <int BITS, int GS, int R, int M>
+BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n) {
+  constexpr int kPairsPerGroup = GS / 32;
+  constexpr int kGroupsPerStep = GS == 32 ? 2 : 1;  // a step covers an even number of pairs
+  const int words = p.k * BITS / 32, groups = p.k / GS;
+  const uint32_t* wr = p.w_row(n);
+  const size_t xs = static_cast<size_t>(p.k);
+  __m512 acc[R][M][2];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  for (int g0 = 0; g0 < groups; g0 += kGroupsPerStep) {
+    _Pragma("GCC unroll 2") for (int gg = 0; gg < kGroupsPerStep; ++gg) {
+      const int g = g0 + gg;
+      if (kGroupsPerStep > 1 && g >= groups) break;
+      __m512 sc[R], bi[R];
+      _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+        group16<BITS>(p, n + r, g, sc[r], bi[r]);
+        if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);
+      }
+      _Pragma("GCC unroll 4") for (int j = 0; j < kPairsPerGroup; ++j) {
+        const int c = 2 * (g * kPairsPerGroup + j), u = (gg * kPairsPerGroup + j) % 2;
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+          if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
+          __m512 w0, w1;
+          if constexpr (BITS == 4) {
+            lookup_pair4(wr + r * words, c, sc[r], w0, w1);
+          } else {
+            decode_pair<BITS>(wr + r * words, c, w0, w1);
+            w0 = affine16<BITS>(w0, sc[r], bi[r]);
+            w1 = affine16<BITS>(w1, sc[r], bi[r]);
+          }
+          const __m512bh wb = _mm512_cvtne2ps_pbh(w1, w0);
+          _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+            const __m512bh xv = (__m512bh)_mm512_load_si512(p.xb + m * xs + 16 * c);
+            acc[r][m][u] = _mm512_dpbf16_ps(acc[r][m][u], wb, xv);
+          }
+        }
+      }
+    }
+  }
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+    }
+}
+
+template <int BITS, int GS, int M>
+BF16_FN void rows_bf16_small(const Problem& p, int n0, int n1) {
+  int n = n0;
+  if constexpr (M == 1) {
+    for (; n + 2 <= n1; n += 2) rows_bf16_regs<BITS, GS, 2, 1>(p, n);
+  }
+  for (; n < n1; ++n) rows_bf16_regs<BITS, GS, 1, M>(p, n);
+}
+
+template <int BITS, int GS>
+BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1) {
+  switch (q.m) {
+    case 1: return rows_bf16_small<BITS, GS, 1>(q, t0, t1);
+    case 2: return rows_bf16_small<BITS, GS, 2>(q, t0, t1);
+    case 3: return rows_bf16_small<BITS, GS, 3>(q, t0, t1);
+    case 4: return rows_bf16_small<BITS, GS, 4>(q, t0, t1);
+    case 5: return rows_bf16_small<BITS, GS, 5>(q, t0, t1);
+    case 6: return rows_bf16_small<BITS, GS, 6>(q, t0, t1);
+    case 7: return rows_bf16_small<BITS, GS, 7>(q, t0, t1);
+    default: return rows_bf16_small<BITS, GS, 8>(q, t0, t1);
+  }
+}
+
+// Output rows [n0, n1) for M <= kTiledMaxRows activation rows: tiles of kTileRows weight rows
+// (kept in cache) applied to the activation rows in balanced register groups of at most
+// kRegisterRows.
+template <int BITS>
+BF16_FN void rows_bf16(const Problem& p, int n0, int n1) {
+  const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
+  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
+    const int t1 = std::min(n1, t0 + kTileRows);
+    for (int m0 = 0; m0 < p.m; m0 += group) {
+      Problem q = p;
+      q.m = std::min(group, p.m - m0);
+      q.xb = p.xb + static_cast<size_t>(m0) * p.k;
+      q.out = p.out + static_cast<size_t>(m0) * p.n;
+      if (p.gs == 32) rows_bf16_group<BITS, 32>(q, t0, t1);
+      else if (p.gs == 64) rows_bf16_group<BITS, 64>(q, t0, t1);
+      else rows_bf16_group<BITS, 128>(q, t0, t1);
+    }
+  }
+}
+#else
+bool cpu_has_avx512_bf16() { return false; }
+#endif
+
 // Instruction sets, best last; each call's `max_isa` caps the choice (tests compare them).
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* const kIsaNames[] = {"portable", "avx2+fma", "avx512f"};
@@ -521,7 +753,11 @@ int isa(int max_isa) {
   return std::clamp(std::min(best, max_isa), static_cast<int>(kPortable), static_cast<int>(kAvx512));
 }
 
-void run_rows(const Problem& p, int n0, int n1, int level) {
+// Whether bf16 precision runs on the AVX512_BF16 kernels at instruction-set level `level`
+// (else on rows_bf16_portable: the same bits, slower).
+bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); }
+
+void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
@@ -536,10 +772,13 @@ void run_rows(const Problem& p, int n0, int n1, int level) {
       q.m = std::min(per, p.m - m0);
       q.x = p.x + static_cast<size_t>(m0) * p.k;
       q.out = p.out + static_cast<size_t>(m0) * p.n;
-      run_rows(q, n0, n1, level);
+      if (p.xb) q.xb = p.xb + static_cast<size_t>(m0) * p.k;
+      run_rows(q, n0, n1, level, precision);
     }
     return;
   }
+  if (precision == kBf16 && bf16_vector(level)) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
+  if (precision == kBf16) return rows_bf16_portable(p, n0, n1);
   if (level == kAvx512) {
     switch (p.bits) {
       case 4: return rows_avx512<4>(p, n0, n1);
@@ -555,6 +794,7 @@ void run_rows(const Problem& p, int n0, int n1, int level) {
     }
   }
 #endif
+  if (precision == kBf16) return rows_bf16_portable(p, n0, n1);
   rows_portable(p, n0, n1, row);
 }
 
@@ -605,15 +845,33 @@ void swiglu_rows(const float* gate, const float* up, float* out, int m, int n, i
 }
 
 // Products of one x [M, K] with matrices ps[j] (same K, bits and group size).
-void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int level, int threads) {
+void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int level, int precision,
+             int threads) {
   const Problem& p0 = ps[0];
+  if (precision == kBf16) {
+    // Activations rounded to bf16 once, in chunk-pair lane order, 64-byte aligned.
+    thread_local std::vector<uint16_t> xb;
+    const size_t len = static_cast<size_t>(p0.m) * p0.k;
+    xb.resize(len + 32);
+    uint16_t* aligned = xb.data() + (32 - reinterpret_cast<uintptr_t>(xb.data()) / sizeof(uint16_t) % 32) % 32;
+#ifdef MLXSYS_X86
+    if (bf16_vector(level)) {
+      prepare_bf16(p0.x, p0.m, p0.k, p0.bits, aligned);
+    } else {
+      prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
+    }
+#else
+    prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
+#endif
+    for (auto& p : ps) p.xb = aligned;
+  }
   // The SIMD kernels read x from a 64-byte aligned copy: a 16-lane load that straddles two
   // cache lines costs two, and x is read once per weight row (measured, interleaved runs: windows
   // of 11 rows 1.25x faster; one-row products unchanged).
   // Only the x86 kernels use it: elsewhere `level` is always kPortable.
 #ifdef MLXSYS_X86
   thread_local std::vector<float> x_copy;
-  if (level >= kAvx2) {
+  if (level >= kAvx2 && precision == kF32) {
     const size_t len = static_cast<size_t>(p0.m) * p0.k;
     x_copy.resize(len + 16);
     float* aligned = x_copy.data() + (16 - reinterpret_cast<uintptr_t>(x_copy.data()) / sizeof(float) % 16) % 16;
@@ -632,12 +890,12 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     work += static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
   }
   if (combine == Combine::kNone) {
-    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level); }, threads);
+    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level, precision); }, threads);
     return;
   }
   split_rows({p0.n}, work, [&](int, int n0, int n1) {
-    run_rows(ps[0], n0, n1, level);
-    run_rows(ps[1], n0, n1, level);
+    run_rows(ps[0], n0, n1, level, precision);
+    run_rows(ps[1], n0, n1, level, precision);
     swiglu_rows(ps[0].out, ps[1].out, combined_out, p0.m, p0.n, n0, n1, level);
   }, threads);
 }
@@ -678,12 +936,14 @@ int per_product(int bits) { return bits == kDense ? 1 : 3; }
 // Combine::kSwiglu.
 class QuantizedMatmulCpu : public mx::Primitive {
  public:
-  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine, int max_isa, int threads)
+  QuantizedMatmulCpu(mx::Stream stream, int group_size, int bits, Combine combine, int max_isa, int precision,
+                     int threads)
       : mx::Primitive(stream),
         group_size_(group_size),
         bits_(bits),
         combine_(combine),
         max_isa_(max_isa),
+        precision_(precision),
         threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
@@ -697,7 +957,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
     enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
-                  combine = combine_, level = isa(max_isa_), threads = threads_]() mutable {
+                  combine = combine_, level = isa(max_isa_), precision = precision_, threads = threads_]() mutable {
       const int per = per_product(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
       const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
@@ -725,7 +985,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
         }
         ps.push_back(p);
       }
-      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr, level, threads);
+      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr, level, precision, threads);
       g_calls.fetch_add(1, std::memory_order_relaxed);
     });
   }
@@ -739,7 +999,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedMatmulCpu*>(&other);
     return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->combine_ == combine_ && o->max_isa_ == max_isa_ &&
-           o->threads_ == threads_;
+           o->precision_ == precision_ && o->threads_ == threads_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -758,6 +1018,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
   int bits_;
   Combine combine_;
   int max_isa_;
+  int precision_;
   int threads_;
 };
 
@@ -813,11 +1074,15 @@ std::unique_ptr<ArrayList> as_list(std::vector<mx::array> arrays) {
 // The lazy outputs of products of x with the triples (w, scales, biases) of `mats`.
 std::vector<mx::array> build(const std::string& op, const mx::array& x, const std::vector<mx::array>& mats,
                              int32_t group_size, int32_t bits, Combine combine, int32_t max_isa,
-                             int32_t threads) {
+                             int32_t precision, int32_t threads) {
   if (bits != 4 && bits != 8 && bits != kDense) {
     throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
   }
   if (bits == kDense) group_size = 32;
+  if (precision != kF32 && precision != kBf16) {
+    throw std::invalid_argument(op + "precision must be 0 (f32) or 1 (bf16), got " + std::to_string(precision));
+  }
+  if (precision == kBf16 && bits == kDense) throw std::invalid_argument(op + "bf16 precision needs 4- or 8-bit weights");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   }
@@ -844,7 +1109,8 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
   std::vector<mx::array> inputs{x};
   inputs.insert(inputs.end(), mats.begin(), mats.end());
   std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
-  auto prim = std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits, combine, max_isa, threads);
+  auto prim = std::make_shared<QuantizedMatmulCpu>(mx::default_stream(dev), group_size, bits, combine, max_isa,
+                                                   precision, threads);
   return mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
 }
 }  // namespace
@@ -852,24 +1118,28 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
 std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu, int32_t max_isa,
                                              int32_t threads) {
   return as_list(build(swiglu ? "[cpu_dense_swiglu] " : "[cpu_dense_matmuls] ", x, weights.items, 0, kDense,
-                       swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, threads));
+                       swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, kF32, threads));
 }
 
 std::unique_ptr<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                                 const mx::array& biases, int32_t group_size, int32_t bits,
-                                                int32_t max_isa, int32_t threads) {
-  auto out =
-      build("[cpu_quantized_matmul] ", x, {w, scales, biases}, group_size, bits, Combine::kNone, max_isa, threads);
+                                                int32_t max_isa, int32_t precision, int32_t threads) {
+  auto out = build("[cpu_quantized_matmul] ", x, {w, scales, biases}, group_size, bits, Combine::kNone, max_isa,
+                   precision, threads);
   return std::make_unique<mx::array>(out[0]);
 }
 
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
-                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t threads) {
+                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t precision,
+                                                 int32_t threads) {
   return as_list(build(swiglu ? "[cpu_quantized_swiglu] " : "[cpu_quantized_matmuls] ", x, mats.items, group_size,
-                       bits, swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, threads));
+                       bits, swiglu ? Combine::kSwiglu : Combine::kNone, max_isa, precision, threads));
 }
 
-rust::String cpu_qmm_isa(int32_t max_isa) { return rust::String(kIsaNames[isa(max_isa)]); }
+rust::String cpu_qmm_isa(int32_t max_isa, int32_t precision) {
+  if (precision == kBf16) return rust::String(bf16_vector(isa(max_isa)) ? "avx512f+avx512bf16 (bf16)" : "portable (bf16)");
+  return rust::String(kIsaNames[isa(max_isa)]);
+}
 
 uint64_t cpu_qmm_calls() { return g_calls.load(std::memory_order_relaxed); }
 

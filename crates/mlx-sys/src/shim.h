@@ -148,22 +148,27 @@ bool blas_select(rust::Str which);
 // primitive (QuantizedMatmulCpu) runs an AVX-512, AVX2/FMA or portable kernel on the CPU stream.
 // bits 4 or 8, group_size 32/64/128, float32 x/scales/biases, w [N, K*bits/32] uint32.
 std::unique_ptr<array> cpu_quantized_matmul(const array& x, const array& w, const array& scales, const array& biases,
-                                            int32_t group_size, int32_t bits, int32_t max_isa, int32_t threads);
-// `max_isa` caps the instruction set (0 portable, 1 AVX2 + FMA, 2 AVX-512F); `threads` > 0
-// splits the call over that many threads instead of the pool's count.
+                                            int32_t group_size, int32_t bits, int32_t max_isa, int32_t precision,
+                                            int32_t threads);
+// `max_isa` caps the instruction set (0 portable, 1 AVX2 + FMA, 2 AVX-512F); `precision` 0 is
+// f32 (MLX's results up to summation order), 1 bf16 (weights and activations rounded to bf16,
+// f32 accumulation: AVX512_BF16 dot products, or portable code with the same bits); `threads`
+// > 0 splits the call over that many threads instead of the pool's count.
 // Several products of one x in one node: `mats` holds (w, scales, biases) triples with the
 // same K, bits and group size. Returns one [..., N_j] array per triple, or with `swiglu` (two
 // triples, gate and up) the single array silu(x @ gate^T) * (x @ up^T).
 std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList& mats, int32_t group_size,
-                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t threads);
+                                                 int32_t bits, bool swiglu, int32_t max_isa, int32_t precision,
+                                                 int32_t threads);
 // The same kernels for dense float32 weights: x [..., K] @ w_j^T for w_j [N_j, K] float32
 // (K a multiple of 32), one [..., N_j] per weight, or with `swiglu` (gate, up) the single
 // silu(x @ gate^T) * (x @ up^T).
 std::unique_ptr<ArrayList> cpu_dense_matmuls(const array& x, const ArrayList& weights, bool swiglu, int32_t max_isa,
                                              int32_t threads);
 // "avx512f", "avx2+fma" or "portable": the kernel a call with this cap uses (0 portable,
-// 1 AVX2 + FMA, 2 AVX-512F; the best the CPU has, at most the cap).
-rust::String cpu_qmm_isa(int32_t max_isa);
+// 1 AVX2 + FMA, 2 AVX-512F; the best the CPU has, at most the cap); with `precision` 1 (bf16)
+// "avx512f+avx512bf16 (bf16)" or "portable (bf16)".
+rust::String cpu_qmm_isa(int32_t max_isa, int32_t precision);
 // Products the kernel has evaluated since the process started.
 uint64_t cpu_qmm_calls();
 // Threads the kernel splits output features over (default: all cores; process-wide).

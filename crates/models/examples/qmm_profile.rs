@@ -12,7 +12,7 @@ fn main() {
     let ts: Vec<i32> =
         std::env::args().nth(1).unwrap_or("1,8,11,16".into()).split(',').map(|t| t.parse().unwrap()).collect();
     let key = random::Key::new(1);
-    let policy = mlx_core::KernelPolicy::all_on();
+    let policy = mlx_core::KernelPolicy::all_on().with_precision(mlx_core::Settings::global().precision.value);
     let shapes: Vec<(i32, i32, i32, i32)> = match std::env::args().nth(2) {
         Some(list) => list
             .split(',')
