@@ -16,12 +16,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use models::tokenizer::{ChatMessage, Tokenizer};
-use models::{GenerateParams, LoadOptions, Sampler, generate_with_progress, load_model};
+use models::{GenerateParams, Sampler, generate_with_progress, load_model};
 use spec::providers::{DraftTarget, DrafterSpec};
 use spec::{Acceptance, Request, SpecOptions, SpecStats};
 
 use crate::drafting::{DraftingArgs, target_dir};
-use crate::parse_dtype;
+use crate::load_options;
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -59,6 +59,11 @@ pub(crate) struct GenerateArgs {
     /// weight files, which is what mlx-lm does). Applies to the draft model too.
     #[arg(long, default_value = "float32")]
     dtype: String,
+    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
+    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
+    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
+    #[arg(long)]
+    precision: Option<String>,
     #[command(flatten)]
     drafting: DraftingArgs,
     /// Print the statistics as JSON on stderr.
@@ -181,7 +186,7 @@ fn warn_slow_dtype(dtype: &str) {
 }
 
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
-    let dtype = parse_dtype(&a.dtype)?;
+    let load = load_options(&a.dtype, a.precision.as_deref())?;
     check_sampling(&a)?;
     if a.max_tokens == 0 {
         bail!("--max-tokens 0: nothing to generate (expected at least 1)");
@@ -189,7 +194,6 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     warn_slow_dtype(&a.dtype);
     let drafting = DrafterSpec::from_args(&a.drafting.to_library())?;
     let dir = target_dir(a.model.as_deref())?;
-    let load = LoadOptions { dtype, ..LoadOptions::default() };
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let drafter = drafting.load(DraftTarget { dir: &dir, tokenizer: &tok, load: &load })?;

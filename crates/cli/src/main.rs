@@ -16,6 +16,7 @@
 //!   metrics) over speculative decoding with a prompt cache (the `server` crate).
 mod drafting;
 mod generate;
+mod perplexity;
 mod progress;
 mod quantize;
 mod serve;
@@ -31,6 +32,7 @@ use mlx_core::quant::QuantSpec;
 use models::gguf_import::{ImportOptions, ImportProgress, import_gguf};
 
 use generate::{GenerateArgs, generate_cmd};
+use perplexity::{PerplexityArgs, perplexity_cmd};
 use serve::{ServeArgs, serve_cmd};
 
 #[derive(Parser)]
@@ -53,6 +55,10 @@ enum Command {
     /// drafter under the cost-aware length policy; --draft-model DIR, --draft-kind ngram), or
     /// plain decoding with --draft-kind none.
     Generate(GenerateArgs),
+    /// Perplexity of a model on a text set (sequences scored teacher-forced, as
+    /// mlx_lm.perplexity); with --reference-precision, the ratio and top-1 agreement against
+    /// another precision of the quantized matmuls.
+    Perplexity(PerplexityArgs),
     /// Measure the target's verify cost curve t(T) (T = 1..33 tokens per forward, relative to
     /// a one-token step), store it where `generate` reads it, and print it.
     Calibrate {
@@ -62,6 +68,9 @@ enum Command {
         /// Compute dtype, as for `generate`.
         #[arg(long, default_value = "float32")]
         dtype: String,
+        /// Quantized matmul arithmetic, as for `generate` (a curve is kept per precision).
+        #[arg(long)]
+        precision: Option<String>,
         /// Timed forwards per window (the median is kept).
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -164,20 +173,22 @@ fn run() -> Result<()> {
     match cli.command {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
-        Command::Calibrate { model, dtype, reps, json } => calibrate(&model, &dtype, reps, json),
+        Command::Calibrate { model, dtype, precision, reps, json } => {
+            calibrate(&model, &load_options(&dtype, precision.as_deref())?, reps, json)
+        }
         Command::ImportGguf(args) => import_cmd(args),
         Command::Quantize(args) => quantize::run(args),
         Command::QuantizeDrafter(args) => quantize::run_drafter(args),
         Command::Serve(args) => serve_cmd(args),
+        Command::Perplexity(args) => perplexity_cmd(args),
     }
 }
 
-fn calibrate(dir: &Path, dtype: &str, reps: usize, json: bool) -> Result<()> {
+fn calibrate(dir: &Path, load: &models::LoadOptions, reps: usize, json: bool) -> Result<()> {
     spec::providers::check_model_dir(dir, "--model")?;
-    let load = models::LoadOptions { dtype: parse_dtype(dtype)?, ..models::LoadOptions::default() };
-    let model = models::load_model(dir, &load).with_context(|| format!("loading {}", dir.display()))?;
+    let model = models::load_model(dir, load).with_context(|| format!("loading {}", dir.display()))?;
     let curve = spec::policy::calibrate(&model, reps)?;
-    let cache = spec::policy::CurveCache::for_model(dir, &load);
+    let cache = spec::policy::CurveCache::for_model(dir, load);
     cache.store(&curve);
     let mut out = std::io::stdout().lock();
     if json {
@@ -269,6 +280,17 @@ pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
         _ => {}
     };
     (bar, cb)
+}
+
+/// `--dtype` and `--precision` as load options: the environment's kernel policy, with
+/// `--precision` (when given) over `MLX_SPEC_PRECISION`.
+pub(crate) fn load_options(dtype: &str, precision: Option<&str>) -> Result<models::LoadOptions> {
+    let mut kernels = mlx_core::KernelPolicy::default();
+    if let Some(p) = precision {
+        kernels.precision =
+            mlx_core::Precision::parse(p).ok_or_else(|| anyhow::anyhow!("--precision {p}: expected f32 or bf16"))?;
+    }
+    Ok(models::LoadOptions { dtype: parse_dtype(dtype)?, kernels })
 }
 
 pub(crate) fn parse_dtype(s: &str) -> Result<Option<Dtype>> {

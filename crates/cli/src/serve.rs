@@ -7,7 +7,7 @@ use clap::Args;
 use server::ServeConfig;
 
 use crate::drafting::{DraftingArgs, target_dir};
-use crate::parse_dtype;
+use crate::load_options;
 
 #[derive(Args)]
 pub(crate) struct ServeArgs {
@@ -23,6 +23,11 @@ pub(crate) struct ServeArgs {
     /// Compute dtype: `float32`, `float16`, `bfloat16` or `stored`, as for `generate`.
     #[arg(long, default_value = "float32")]
     dtype: String,
+    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
+    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
+    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
+    #[arg(long)]
+    precision: Option<String>,
     #[command(flatten)]
     drafting: DraftingArgs,
     /// `max_tokens` of requests that give none.
@@ -68,7 +73,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
-    let dtype = parse_dtype(&a.dtype)?;
+    let load = load_options(&a.dtype, a.precision.as_deref())?;
     let drafting = a.drafting.to_library();
     // Refuse bad drafting flags before a model is fetched.
     spec::providers::DrafterSpec::from_args(&drafting)?;
@@ -84,7 +89,7 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
     let config = ServeConfig {
         host: a.host,
         port: a.port,
-        load: models::LoadOptions { dtype, ..models::LoadOptions::default() },
+        load,
         drafting,
         max_tokens: a.max_tokens,
         chat_template,

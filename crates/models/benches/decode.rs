@@ -19,7 +19,9 @@
 //! - `mlx-kernels`: the same loop with MLX's own kernels (sgemm for every shape, MLX's
 //!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives;
 //! - `mlx-norm-rope` (only when asked for with `--variants`): `ours` with MLX's RMS norm and
-//!   RoPE graphs, to measure what the one-node versions give.
+//!   RoPE graphs, to measure what the one-node versions give;
+//! - `bf16` (only when asked for): `ours` in the opt-in bf16 precision of the quantized
+//!   matmuls (`mlx_core::Precision::Bf16`).
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `cargo bench -p models --bench decode -- --models dir1:dir2`.
@@ -132,10 +134,13 @@ fn process_cpu_ns() -> u64 {
 fn set_variant(name: &str) -> KernelPolicy {
     let ours = name != "mlx-kernels";
     set_gemv_routing(ours);
-    if !ours {
-        return KernelPolicy::mlx();
+    match name {
+        "ours" => KernelPolicy::all_on(),
+        "bf16" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Bf16),
+        "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..KernelPolicy::all_on() },
+        "mlx-kernels" => KernelPolicy::mlx(),
+        other => panic!("--variants {other}: expected ours, bf16, mlx-norm-rope or mlx-kernels"),
     }
-    KernelPolicy { fast_norm_rope: name == "ours", ..KernelPolicy::all_on() }
 }
 
 /// One model, one variant: decode tokens/s per rep and verify-window ms per rep and T.
