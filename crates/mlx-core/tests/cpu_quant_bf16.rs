@@ -125,7 +125,16 @@ fn bf16_rows_do_not_depend_on_the_window_size_or_the_instruction_set() {
             out.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let all = run(&x, &best);
-        prop_assert_eq!(&all, &run(&x, &portable), "bits {} gs {} n {} t {}: {} vs portable", bits, gs, n, t, best.isa());
+        prop_assert_eq!(
+            &all,
+            &run(&x, &portable),
+            "bits {} gs {} n {} t {}: {} vs portable",
+            bits,
+            gs,
+            n,
+            t,
+            best.isa()
+        );
         for r in 0..t {
             let one = run(&x.slice_axis(0, r, r + 1).unwrap(), &best);
             prop_assert_eq!(&all[(r * n) as usize..((r + 1) * n) as usize], &one[..], "row {} of {}", r, t);
