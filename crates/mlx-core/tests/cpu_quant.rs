@@ -294,3 +294,25 @@ fn several_products_need_one_spec_and_swiglu_two_equal_matrices() {
     let e = cpu_quant::swiglu_t(&x, &b[0], &b[1], p).unwrap_err().to_string();
     assert!(e.contains("same number of rows"), "{e}");
 }
+
+/// Long rows (K = 8960, a 1.5B model's MLP) in windows and prompt blocks: the scale groups go
+/// in blocks whose activations stay in cache, the accumulators carried between blocks; rows
+/// equal one-row products bit for bit on every instruction set.
+#[test]
+fn long_rows_in_blocks_keep_their_bits() {
+    for isa in Isa::ALL {
+        let p = &KernelPolicy::all_on().with_isa(isa);
+        for (bits, gs, k, t) in [(4, 64, 8960, 11), (4, 32, 4128, 16), (8, 128, 5120, 33)] {
+            let spec = QuantSpec::new(gs, bits).unwrap();
+            let w = normal(&[40, k], Dtype::Float32, 0.0, 0.5, &Key::new(9)).unwrap();
+            let q = quant::quantize(&w, spec).unwrap();
+            let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(10)).unwrap();
+            let all = bits_of(&quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
+            for r in [0, t / 2, t - 1] {
+                let xr = x.slice_axis(0, r, r + 1).unwrap();
+                let one = bits_of(&quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
+                assert_eq!(&all[(r * 40) as usize..((r + 1) * 40) as usize], &one[..], "{isa} k {k} t {t} row {r}");
+            }
+        }
+    }
+}

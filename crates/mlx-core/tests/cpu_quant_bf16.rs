@@ -176,3 +176,24 @@ fn bf16_several_products_and_swiglu() {
         assert_eq!(&all[((t - 1) * 96) as usize..], &last[..], "swiglu bits {bits} gs {gs} t {t}");
     }
 }
+
+/// Long rows (a 1.5B model's MLP, K = 8960) go in blocks of scale groups with the
+/// accumulators carried between blocks; odd numbers of size-32 groups end a block mid-pair
+/// parity. Rows still equal one-row products and the portable path bit for bit.
+#[test]
+fn bf16_long_rows_in_blocks_keep_their_bits() {
+    let (best, portable) = (policy(Isa::Avx512f), policy(Isa::Portable));
+    for (bits, gs, k, t) in [(4, 64, 8960, 11), (4, 32, 4128, 16), (8, 128, 5120, 9), (4, 32, 4128, 33)] {
+        let (q, x, spec) = case(bits, gs, 40, k / gs, t, 11);
+        let run = |x: &Array, p: &KernelPolicy| {
+            let out = quantized_matmul_t(x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
+            out.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let all = run(&x, &best);
+        assert_eq!(all, run(&x, &portable), "bits {bits} gs {gs} k {k} t {t}: vs portable");
+        for r in [0, t / 2, t - 1] {
+            let one = run(&x.slice_axis(0, r, r + 1).unwrap(), &best);
+            assert_eq!(&all[(r * 40) as usize..((r + 1) * 40) as usize], &one[..], "k {k} t {t} row {r}");
+        }
+    }
+}

@@ -348,20 +348,25 @@ AVX512_FN_ALWAYS void group16(const Problem& p, int n, int g, __m512& sc, __m512
 // of the one-row case in the same order, so windows give one-token steps' bits without the
 // tiled path's dequantized copy. Windows of more than kRegisterRows rows go in balanced
 // groups (11 -> 6 + 5, 16 -> 8 + 8; measured faster than 8 + 3 or one group of 11). Every
-// weight row reads all rows of its group, so this is the faster path only while a group's x
-// stays in L1/L2 (kRegisterMaxXBytes); longer rows (a 1.5B model's MLP, K = 8960) go to the
-// tiled path.
+// weight row reads all rows of its group, so a group's x must stay in L1/L2
+// (kRegisterMaxXBytes): longer rows (a 1.5B model's MLP, K = 8960) go in blocks of groups
+// [g0, g1), the accumulators kept in `carry` (R * M * 32 floats) between blocks, stored and
+// reloaded exactly, so the FMAs and their order are those of a whole row.
 constexpr int kRegisterRows = 8;
 constexpr size_t kRegisterMaxXBytes = 64 * 1024;
 template <int BITS, int R, int M>
-AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
+AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, float* carry) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   const uint32_t* wr = p.w_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
-  for (int g = 0; g < groups; ++g) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      float* c = carry + 32 * (r * M + m);
+      acc[r][m][0] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
+      acc[r][m][1] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
+    }
+  for (int g = g0; g < g1; ++g) {
     __m512 sc[R], bi[R];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
       group16<BITS>(p, n + r, g, sc[r], bi[r]);
@@ -388,19 +393,80 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n) {
   }
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      p.out[m * static_cast<size_t>(p.n) + n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+      if (g1 == groups) {
+        p.out[m * static_cast<size_t>(p.n) + n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+      } else {
+        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
+        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
+      }
     }
 }
 
-// Output rows [n0, n1) for M activation rows: two weight rows at a time for one activation
-// row (sharing the loads of x), one at a time for more.
+// Output rows [n0, n1) for M activation rows over the groups [g0, g1) (carry: M * 32 floats per
+// weight row, from n0): two weight rows at a time for one activation row (sharing the loads of
+// x), one at a time for more.
 template <int BITS, int M>
-AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1) {
+AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1, int g0, int g1, float* carry) {
   int n = n0;
   if constexpr (M == 1) {
-    for (; n + 2 <= n1; n += 2) rows_avx512_regs<BITS, 2, 1>(p, n);
+    for (; n + 2 <= n1; n += 2) rows_avx512_regs<BITS, 2, 1>(p, n, g0, g1, carry + 32 * (n - n0));
   }
-  for (; n < n1; ++n) rows_avx512_regs<BITS, 1, M>(p, n);
+  for (; n < n1; ++n) rows_avx512_regs<BITS, 1, M>(p, n, g0, g1, carry + 32 * M * (n - n0));
+}
+
+// Activation bytes of a register group per block when its whole rows do not fit
+// kRegisterMaxXBytes: 24 KB (in L1) measured best against 64 and 12 (`qmm_profile`, Qwen's
+// K = 8960: 32 rows 2x faster than the tiled path in f32, 1.4x in bf16; 11 rows 1.3x).
+constexpr size_t kBlockXBytes = 24 * 1024;
+
+// The activation rows of a window in balanced register groups of at most kRegisterRows (11 ->
+// 6 + 5, 16 -> 8 + 8). When a group's whole rows fit kRegisterMaxXBytes, each group is a pass
+// over tiles of `tile_rows` weight rows; otherwise the scale groups of a row go in blocks
+// whose activations stay in L1 (kBlockXBytes), over tiles of kTileRows weight rows applied
+// block by block to every register group, so a tile's packed weights are read from memory
+// once. `rows(q, t0, t1, g0, g1, carry)` computes rows [t0, t1) of the problem q (one register
+// group) over the groups [g0, g1); `x_bytes` is an activation's size (4 for f32, 2 for bf16),
+// `group_step` a block's multiple of groups.
+template <class Rows>
+void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_step, int tile_rows, Rows rows) {
+  const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
+  const int groups = p.k / p.gs;
+  const bool whole = static_cast<size_t>(group) * p.k * x_bytes <= kRegisterMaxXBytes;
+  const size_t fit = kBlockXBytes / (static_cast<size_t>(group) * p.gs * x_bytes);
+  const int block = whole ? groups : std::max(group_step, static_cast<int>(fit) / group_step * group_step);
+  const int tile = whole ? tile_rows : kTileRows;
+  thread_local std::vector<float> carry;
+  carry.resize(static_cast<size_t>(passes) * kTileRows * kRegisterRows * 32);
+  for (int t0 = n0; t0 < n1; t0 += tile) {
+    const int t1 = std::min(n1, t0 + tile);
+    for (int g0 = 0; g0 < groups; g0 += block) {
+      const int g1 = std::min(groups, g0 + block);
+      for (int pass = 0; pass < passes; ++pass) {
+        const int m0 = pass * group;
+        Problem q = p;
+        q.m = std::min(group, p.m - m0);
+        q.x = p.x + static_cast<size_t>(m0) * p.k;
+        if (p.xb) q.xb = p.xb + static_cast<size_t>(m0) * p.k;
+        q.out = p.out + static_cast<size_t>(m0) * p.n;
+        rows(q, t0, t1, g0, g1, carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32);
+      }
+    }
+  }
+}
+
+// rows_avx512_small for a register group of 1..8 rows.
+template <int BITS>
+AVX512_FN void rows_avx512_group(const Problem& q, int t0, int t1, int g0, int g1, float* carry) {
+  switch (q.m) {
+    case 1: return rows_avx512_small<BITS, 1>(q, t0, t1, g0, g1, carry);
+    case 2: return rows_avx512_small<BITS, 2>(q, t0, t1, g0, g1, carry);
+    case 3: return rows_avx512_small<BITS, 3>(q, t0, t1, g0, g1, carry);
+    case 4: return rows_avx512_small<BITS, 4>(q, t0, t1, g0, g1, carry);
+    case 5: return rows_avx512_small<BITS, 5>(q, t0, t1, g0, g1, carry);
+    case 6: return rows_avx512_small<BITS, 6>(q, t0, t1, g0, g1, carry);
+    case 7: return rows_avx512_small<BITS, 7>(q, t0, t1, g0, g1, carry);
+    default: return rows_avx512_small<BITS, 8>(q, t0, t1, g0, g1, carry);
+  }
 }
 
 // The tiled small-M path of the AVX2 kernels (see there) with 16-lane chunks and the two
@@ -471,26 +537,16 @@ void rows_avx512(const Problem& p, int n0, int n1) {
   // Dense weights are 4-8x the bytes of quantized ones: one pass over them (the tiled path)
   // beats one pass per group.
   const bool register_fits = static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
-  if (p.m == 1 || (p.m <= kTiledMaxRows && register_fits && (BITS != kDense || passes == 1))) {
-    // Each group is its own pass over the weight rows; a row's FMAs do not depend on its group.
-    for (int m0 = 0; m0 < p.m; m0 += group) {
-      Problem q = p;
-      q.m = std::min(group, p.m - m0);
-      q.x = p.x + static_cast<size_t>(m0) * p.k;
-      q.out = p.out + static_cast<size_t>(m0) * p.n;
-      switch (q.m) {
-        case 1: rows_avx512_small<BITS, 1>(q, n0, n1); break;
-        case 2: rows_avx512_small<BITS, 2>(q, n0, n1); break;
-        case 3: rows_avx512_small<BITS, 3>(q, n0, n1); break;
-        case 4: rows_avx512_small<BITS, 4>(q, n0, n1); break;
-        case 5: rows_avx512_small<BITS, 5>(q, n0, n1); break;
-        case 6: rows_avx512_small<BITS, 6>(q, n0, n1); break;
-        case 7: rows_avx512_small<BITS, 7>(q, n0, n1); break;
-        default: rows_avx512_small<BITS, 8>(q, n0, n1); break;
-      }
-    }
-    return;
+  if (p.m == 1) {
+    float no_carry[64];  // whole rows: never read or written
+    return rows_avx512_small<BITS, 1>(p, n0, n1, 0, p.k / p.gs, no_carry);
   }
+  // Quantized weights: register groups over blocks of groups (window_blocks). A row's FMAs do
+  // not depend on its register group or block.
+  if constexpr (BITS != kDense) {
+    return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
+  }
+  if (register_fits && passes == 1) return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
   rows_tiled<Avx512Tiles<BITS>>(p, n0, n1);
 }
 
@@ -650,7 +706,7 @@ BF16_FN void prepare_bf16(const float* x, int m, int k, int bits, uint16_t* out)
 // template argument so that each pair's accumulator (pair index mod 2) is known at compile
 // time and the accumulators stay in registers.
 template <int BITS, int GS, int R, int M>
-BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n) {
+BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_end, float* carry) {
   constexpr int kPairsPerGroup = GS / 32;
   constexpr int kGroupsPerStep = GS == 32 ? 2 : 1;  // a step covers an even number of pairs
   const int words = p.k * BITS / 32, groups = p.k / GS;
@@ -658,11 +714,15 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n) {
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
-  for (int g0 = 0; g0 < groups; g0 += kGroupsPerStep) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      float* c = carry + 32 * (r * M + m);
+      acc[r][m][0] = g_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
+      acc[r][m][1] = g_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
+    }
+  for (int g0 = g_begin; g0 < g_end; g0 += kGroupsPerStep) {  // g_begin is a multiple of the step
     _Pragma("GCC unroll 2") for (int gg = 0; gg < kGroupsPerStep; ++gg) {
       const int g = g0 + gg;
-      if (kGroupsPerStep > 1 && g >= groups) break;
+      if (kGroupsPerStep > 1 && g >= g_end) break;
       __m512 sc[R], bi[R];
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
         group16<BITS>(p, n + r, g, sc[r], bi[r]);
@@ -691,51 +751,55 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n) {
   }
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+      if (g_end == groups) {
+        p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+      } else {
+        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
+        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
+      }
     }
 }
 
 template <int BITS, int GS, int M>
-BF16_FN void rows_bf16_small(const Problem& p, int n0, int n1) {
+BF16_FN void rows_bf16_small(const Problem& p, int n0, int n1, int g0, int g1, float* carry) {
   int n = n0;
   if constexpr (M == 1) {
-    for (; n + 2 <= n1; n += 2) rows_bf16_regs<BITS, GS, 2, 1>(p, n);
+    for (; n + 2 <= n1; n += 2) rows_bf16_regs<BITS, GS, 2, 1>(p, n, g0, g1, carry + 32 * (n - n0));
   }
-  for (; n < n1; ++n) rows_bf16_regs<BITS, GS, 1, M>(p, n);
+  for (; n < n1; ++n) rows_bf16_regs<BITS, GS, 1, M>(p, n, g0, g1, carry + 32 * M * (n - n0));
 }
 
 template <int BITS, int GS>
-BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1) {
+BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1, int g0, int g1, float* carry) {
   switch (q.m) {
-    case 1: return rows_bf16_small<BITS, GS, 1>(q, t0, t1);
-    case 2: return rows_bf16_small<BITS, GS, 2>(q, t0, t1);
-    case 3: return rows_bf16_small<BITS, GS, 3>(q, t0, t1);
-    case 4: return rows_bf16_small<BITS, GS, 4>(q, t0, t1);
-    case 5: return rows_bf16_small<BITS, GS, 5>(q, t0, t1);
-    case 6: return rows_bf16_small<BITS, GS, 6>(q, t0, t1);
-    case 7: return rows_bf16_small<BITS, GS, 7>(q, t0, t1);
-    default: return rows_bf16_small<BITS, GS, 8>(q, t0, t1);
+    case 1: return rows_bf16_small<BITS, GS, 1>(q, t0, t1, g0, g1, carry);
+    case 2: return rows_bf16_small<BITS, GS, 2>(q, t0, t1, g0, g1, carry);
+    case 3: return rows_bf16_small<BITS, GS, 3>(q, t0, t1, g0, g1, carry);
+    case 4: return rows_bf16_small<BITS, GS, 4>(q, t0, t1, g0, g1, carry);
+    case 5: return rows_bf16_small<BITS, GS, 5>(q, t0, t1, g0, g1, carry);
+    case 6: return rows_bf16_small<BITS, GS, 6>(q, t0, t1, g0, g1, carry);
+    case 7: return rows_bf16_small<BITS, GS, 7>(q, t0, t1, g0, g1, carry);
+    default: return rows_bf16_small<BITS, GS, 8>(q, t0, t1, g0, g1, carry);
   }
 }
 
-// Output rows [n0, n1) for M <= kTiledMaxRows activation rows: tiles of kTileRows weight rows
-// (kept in cache) applied to the activation rows in balanced register groups of at most
-// kRegisterRows.
+// Output rows [n0, n1) for M <= kTiledMaxRows activation rows, as the f32 path's windows
+// (window_blocks; blocks of an even number of groups for group size 32, whose pairs alternate
+// accumulators across groups).
+template <int BITS, int GS>
+BF16_FN void rows_bf16_gs(const Problem& p, int n0, int n1) {
+  if (p.m == 1) {
+    float no_carry[64];  // whole rows: never read or written
+    return rows_bf16_small<BITS, GS, 1>(p, n0, n1, 0, p.k / GS, no_carry);
+  }
+  window_blocks(p, n0, n1, sizeof(uint16_t), GS == 32 ? 2 : 1, kTileRows, rows_bf16_group<BITS, GS>);
+}
+
 template <int BITS>
 BF16_FN void rows_bf16(const Problem& p, int n0, int n1) {
-  const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
-  for (int t0 = n0; t0 < n1; t0 += kTileRows) {
-    const int t1 = std::min(n1, t0 + kTileRows);
-    for (int m0 = 0; m0 < p.m; m0 += group) {
-      Problem q = p;
-      q.m = std::min(group, p.m - m0);
-      q.xb = p.xb + static_cast<size_t>(m0) * p.k;
-      q.out = p.out + static_cast<size_t>(m0) * p.n;
-      if (p.gs == 32) rows_bf16_group<BITS, 32>(q, t0, t1);
-      else if (p.gs == 64) rows_bf16_group<BITS, 64>(q, t0, t1);
-      else rows_bf16_group<BITS, 128>(q, t0, t1);
-    }
-  }
+  if (p.gs == 32) return rows_bf16_gs<BITS, 32>(p, n0, n1);
+  if (p.gs == 64) return rows_bf16_gs<BITS, 64>(p, n0, n1);
+  rows_bf16_gs<BITS, 128>(p, n0, n1);
 }
 #else
 bool cpu_has_avx512_bf16() { return false; }
