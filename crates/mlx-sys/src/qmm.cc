@@ -354,36 +354,76 @@ AVX512_FN_ALWAYS void group16(const Problem& p, int n, int g, __m512& sc, __m512
 // reloaded exactly, so the FMAs and their order are those of a whole row.
 constexpr int kRegisterRows = 8;
 constexpr size_t kRegisterMaxXBytes = 64 * 1024;
+
+// The parameters of scale group g of weight rows n .. n + R: scale and bias, or for 4 bits
+// the group's table in `sc` (table16).
+template <int BITS, int R>
+AVX512_FN_ALWAYS void group_params(const Problem& p, int n, int g, __m512* sc, __m512* bi) {
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+    group16<BITS>(p, n + r, g, sc[r], bi[r]);
+    if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);
+  }
+}
+
+// Dequantized chunks c and c + 1 (c even) of a packed row, from its group's parameters.
+template <int BITS>
+AVX512_FN_ALWAYS void dequant_pair(const uint32_t* wr, int c, __m512 sc, __m512 bi, __m512& w0, __m512& w1) {
+  if constexpr (BITS == 4) {
+    lookup_pair4(wr, c, sc, w0, w1);
+  } else {
+    decode_pair<BITS>(wr, c, w0, w1);
+    w0 = affine16<BITS>(w0, sc, bi);
+    w1 = affine16<BITS>(w1, sc, bi);
+  }
+}
+
+// A register kernel's two accumulators per (weight row, activation row): zero at the first
+// group, else reloaded from `carry` (32 floats each, rows r * M + m); at the end either
+// finished into the output by `finish` (a fixed reduction) or stored back to `carry`.
+template <int R, int M>
+AVX512_FN_ALWAYS void carry_in(__m512 (&acc)[R][M][2], int g0, const float* carry) {
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      const float* c = carry + 32 * (r * M + m);
+      acc[r][m][0] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
+      acc[r][m][1] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
+    }
+}
+template <int R, int M, class Finish>
+AVX512_FN_ALWAYS void carry_out(const __m512 (&acc)[R][M][2], const Problem& p, int n, bool last, float* carry,
+                                Finish finish) {
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      if (last) {
+        p.out[m * static_cast<size_t>(p.n) + n + r] = finish(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+      } else {
+        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
+        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
+      }
+    }
+}
+
+// The f32 path's reduction of a row's two accumulators.
+struct ReduceAdd {
+  AVX512_FN_ALWAYS float operator()(__m512 v) const { return _mm512_reduce_add_ps(v); }
+};
+
 template <int BITS, int R, int M>
 AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, float* carry) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   const uint32_t* wr = p.w_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      float* c = carry + 32 * (r * M + m);
-      acc[r][m][0] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
-      acc[r][m][1] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
-    }
+  carry_in<R, M>(acc, g0, carry);
   for (int g = g0; g < g1; ++g) {
     __m512 sc[R], bi[R];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-      group16<BITS>(p, n + r, g, sc[r], bi[r]);
-      if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);  // 4 bits: sc holds the group's table
-    }
+    group_params<BITS, R>(p, n, g, sc, bi);
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
         if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
         __m512 w0, w1;
-        if constexpr (BITS == 4) {
-          lookup_pair4(wr + r * words, c, sc[r], w0, w1);
-        } else {
-          decode_pair<BITS>(wr + r * words, c, w0, w1);
-          w0 = affine16<BITS>(w0, sc[r], bi[r]);
-          w1 = affine16<BITS>(w1, sc[r], bi[r]);
-        }
+        dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
         _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
           acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p.x + m * xs + 16 * c), acc[r][m][0]);
           acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.x + m * xs + 16 * c + 16), acc[r][m][1]);
@@ -391,15 +431,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, 
       }
     }
   }
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      if (g1 == groups) {
-        p.out[m * static_cast<size_t>(p.n) + n + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
-      } else {
-        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
-        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
-      }
-    }
+  carry_out<R, M>(acc, p, n, g1 == groups, carry, ReduceAdd{});
 }
 
 // Output rows [n0, n1) for M activation rows over the groups [g0, g1) (carry: M * 32 floats per
@@ -677,7 +709,7 @@ bool cpu_has_avx512_bf16() {
 }
 
 // reduce16_portable's tree with vector adds.
-BF16_FN_ALWAYS float reduce16(__m512 v) {
+AVX512_FN_ALWAYS float reduce16(__m512 v) {
   const __m256 lo = _mm512_castps512_ps256(v);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   const __m256 s = _mm256_add_ps(lo, hi);
@@ -686,6 +718,10 @@ BF16_FN_ALWAYS float reduce16(__m512 v) {
   t = _mm_add_ss(t, _mm_movehdup_ps(t));
   return _mm_cvtss_f32(t);
 }
+
+struct Reduce16 {
+  AVX512_FN_ALWAYS float operator()(__m512 v) const { return reduce16(v); }
+};
 
 // prepare_bf16_portable with VCVTNE2PS2BF16 (the same rounding).
 BF16_FN void prepare_bf16(const float* x, int m, int k, int bits, uint16_t* out) {
@@ -713,33 +749,19 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_e
   const uint32_t* wr = p.w_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      float* c = carry + 32 * (r * M + m);
-      acc[r][m][0] = g_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
-      acc[r][m][1] = g_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
-    }
+  carry_in<R, M>(acc, g_begin, carry);
   for (int g0 = g_begin; g0 < g_end; g0 += kGroupsPerStep) {  // g_begin is a multiple of the step
     _Pragma("GCC unroll 2") for (int gg = 0; gg < kGroupsPerStep; ++gg) {
       const int g = g0 + gg;
       if (kGroupsPerStep > 1 && g >= g_end) break;
       __m512 sc[R], bi[R];
-      _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-        group16<BITS>(p, n + r, g, sc[r], bi[r]);
-        if constexpr (BITS == 4) sc[r] = table16(sc[r], bi[r]);
-      }
+      group_params<BITS, R>(p, n, g, sc, bi);
       _Pragma("GCC unroll 4") for (int j = 0; j < kPairsPerGroup; ++j) {
         const int c = 2 * (g * kPairsPerGroup + j), u = (gg * kPairsPerGroup + j) % 2;
         _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
           if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
           __m512 w0, w1;
-          if constexpr (BITS == 4) {
-            lookup_pair4(wr + r * words, c, sc[r], w0, w1);
-          } else {
-            decode_pair<BITS>(wr + r * words, c, w0, w1);
-            w0 = affine16<BITS>(w0, sc[r], bi[r]);
-            w1 = affine16<BITS>(w1, sc[r], bi[r]);
-          }
+          dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
           const __m512bh wb = _mm512_cvtne2ps_pbh(w1, w0);
           _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
             const __m512bh xv = (__m512bh)_mm512_load_si512(p.xb + m * xs + 16 * c);
@@ -749,15 +771,7 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_e
       }
     }
   }
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      if (g_end == groups) {
-        p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
-      } else {
-        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
-        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
-      }
-    }
+  carry_out<R, M>(acc, p, n, g_end == groups, carry, Reduce16{});
 }
 
 template <int BITS, int GS, int M>
