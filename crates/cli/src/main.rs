@@ -285,10 +285,30 @@ pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
 /// `--dtype` and `--precision` as load options: the environment's kernel policy, with
 /// `--precision` (when given) over `MLX_SPEC_PRECISION`.
 pub(crate) fn load_options(dtype: &str, precision: Option<&str>) -> Result<models::LoadOptions> {
+    load_options_for("--precision", dtype, precision)
+}
+
+/// [`load_options`] for a precision given by the flag `flag` (named in errors). Warns on stderr
+/// when bf16 cannot take effect as asked: without mlx-spec's quantized kernel (MLX's kernels
+/// compute in f32), or on a CPU without AVX512_BF16 (portable code, about 100x slower).
+pub(crate) fn load_options_for(flag: &str, dtype: &str, precision: Option<&str>) -> Result<models::LoadOptions> {
+    use mlx_core::Precision;
     let mut kernels = mlx_core::KernelPolicy::default();
     if let Some(p) = precision {
-        kernels.precision =
-            mlx_core::Precision::parse(p).ok_or_else(|| anyhow::anyhow!("--precision {p}: expected f32 or bf16"))?;
+        kernels.precision = Precision::parse(p).ok_or_else(|| anyhow::anyhow!("{flag} {p}: expected f32 or bf16"))?;
+    }
+    if kernels.precision == Precision::Bf16 {
+        if !kernels.uses_qmm() {
+            eprintln!(
+                "warning: bf16 precision needs mlx-spec's quantized matmul kernel (MLX_SPEC_QMM is off, or the \
+                 backend is not the CPU): MLX's kernels compute in f32"
+            );
+        } else if kernels.isa().starts_with("portable") {
+            eprintln!(
+                "warning: this CPU (or MLX_SPEC_QMM_ISA) has no AVX512_BF16: bf16 precision runs portable code, \
+                 about 100x slower than f32; use --precision f32"
+            );
+        }
     }
     Ok(models::LoadOptions { dtype: parse_dtype(dtype)?, kernels })
 }

