@@ -193,7 +193,7 @@ constexpr int kTiledMaxRows = 32;
 constexpr int kTileRows = 16;
 constexpr int kBlockK = 512;  // a multiple of every group size and of 32
 
-// The tiled driver for an instruction set `T` (Avx2Tiles, Avx512Tiles): output rows
+// The tiled driver for an instruction set `T` (Avx2Tiles, Avx512DenseTiles): output rows
 // [n0, n1) of a product with p.m <= kTiledMaxRows activation rows.
 template <class T>
 void rows_tiled(const Problem& p, int n0, int n1) {
@@ -523,26 +523,10 @@ AVX512_FN_ALWAYS void dot_rows512_acc(const float* row, const float* x, size_t x
   }
 }
 
-template <int BITS>
-struct Avx512Tiles {
+// The tiled path of dense weights (quantized weights take window_blocks): the row is a copy.
+struct Avx512DenseTiles {
   static AVX512_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
-    const int chunks_per_group = p.gs / 16;
-    const uint32_t* wr = p.w_row(n);
-    __m512 sc, bi;
-    if constexpr (BITS == 4) {  // chunk pairs by table (k0 and len are multiples of 32)
-      for (int c = k0 / 16; c < (k0 + len) / 16; c += 2) {
-        group16<BITS>(p, n, c / chunks_per_group, sc, bi);
-        __m512 w0, w1;
-        lookup_pair4(wr, c, table16(sc, bi), w0, w1);
-        _mm512_storeu_ps(row + 16 * c - k0, w0);
-        _mm512_storeu_ps(row + 16 * c + 16 - k0, w1);
-      }
-      return;
-    }
-    for (int c = k0 / 16; c < (k0 + len) / 16; ++c) {
-      group16<BITS>(p, n, c / chunks_per_group, sc, bi);
-      _mm512_storeu_ps(row + 16 * c - k0, affine16<BITS>(decode16<BITS>(wr, c), sc, bi));
-    }
+    std::memcpy(row, reinterpret_cast<const float*>(p.w_row(n)) + k0, static_cast<size_t>(len) * sizeof(float));
   }
   static AVX512_FN void dot(const float* row, const float* x, size_t xs, int len, int m, float* acc) {
     int r = 0;
@@ -566,20 +550,18 @@ template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1) {
   // Activation rows in as few register groups as fit, of balanced sizes (16 -> 8 + 8).
   const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
-  // Dense weights are 4-8x the bytes of quantized ones: one pass over them (the tiled path)
-  // beats one pass per group.
-  const bool register_fits = static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
   if (p.m == 1) {
     float no_carry[64];  // whole rows: never read or written
     return rows_avx512_small<BITS, 1>(p, n0, n1, 0, p.k / p.gs, no_carry);
   }
-  // Quantized weights: register groups over blocks of groups (window_blocks). A row's FMAs do
-  // not depend on its register group or block.
-  if constexpr (BITS != kDense) {
+  // Register groups over blocks of scale groups (window_blocks); a row's FMAs do not depend on
+  // its register group or block. Dense weights are 4-8x the bytes of quantized ones: one pass
+  // over them (the tiled path) beats one pass per register group.
+  const bool one_group_fits = passes == 1 && static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
+  if (BITS != kDense || one_group_fits) {
     return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
   }
-  if (register_fits && passes == 1) return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
-  rows_tiled<Avx512Tiles<BITS>>(p, n0, n1);
+  rows_tiled<Avx512DenseTiles>(p, n0, n1);
 }
 
 // The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
