@@ -21,7 +21,7 @@ use spec::providers::{DraftTarget, DrafterSpec};
 use spec::{Acceptance, Request, SpecOptions, SpecStats};
 
 use crate::drafting::{DraftingArgs, target_dir};
-use crate::load_options;
+use crate::{PrecisionArg, load_options};
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -59,11 +59,8 @@ pub(crate) struct GenerateArgs {
     /// weight files, which is what mlx-lm does). Applies to the draft model too.
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
-    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
-    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
-    #[arg(long)]
-    precision: Option<String>,
+    #[command(flatten)]
+    precision: PrecisionArg,
     #[command(flatten)]
     drafting: DraftingArgs,
     /// Print the statistics as JSON on stderr.
@@ -186,7 +183,7 @@ fn warn_slow_dtype(dtype: &str) {
 }
 
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
-    let load = load_options(&a.dtype, a.precision.as_deref())?;
+    let load = load_options(&a.dtype, a.precision.get())?;
     check_sampling(&a)?;
     if a.max_tokens == 0 {
         bail!("--max-tokens 0: nothing to generate (expected at least 1)");

@@ -68,9 +68,9 @@ enum Command {
         /// Compute dtype, as for `generate`.
         #[arg(long, default_value = "float32")]
         dtype: String,
-        /// Quantized matmul arithmetic, as for `generate` (a curve is kept per precision).
-        #[arg(long)]
-        precision: Option<String>,
+        // A curve is kept per precision (the policy's key).
+        #[command(flatten)]
+        precision: PrecisionArg,
         /// Timed forwards per window (the median is kept).
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -174,7 +174,7 @@ fn run() -> Result<()> {
         Command::Info { json } => info(json),
         Command::Generate(args) => generate_cmd(args),
         Command::Calibrate { model, dtype, precision, reps, json } => {
-            calibrate(&model, &load_options(&dtype, precision.as_deref())?, reps, json)
+            calibrate(&model, &load_options(&dtype, precision.get())?, reps, json)
         }
         Command::ImportGguf(args) => import_cmd(args),
         Command::Quantize(args) => quantize::run(args),
@@ -282,6 +282,23 @@ pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
     (bar, cb)
 }
 
+/// `--precision`, for the commands that load a model.
+#[derive(Args, Debug)]
+pub(crate) struct PrecisionArg {
+    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
+    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
+    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
+    #[arg(long)]
+    pub(crate) precision: Option<String>,
+}
+
+impl PrecisionArg {
+    /// The flag's value, if given.
+    pub(crate) fn get(&self) -> Option<&str> {
+        self.precision.as_deref()
+    }
+}
+
 /// `--dtype` and `--precision` as load options: the environment's kernel policy, with
 /// `--precision` (when given) over `MLX_SPEC_PRECISION`.
 pub(crate) fn load_options(dtype: &str, precision: Option<&str>) -> Result<models::LoadOptions> {
@@ -303,7 +320,7 @@ pub(crate) fn load_options_for(flag: &str, dtype: &str, precision: Option<&str>)
                 "warning: bf16 precision needs mlx-spec's quantized matmul kernel (MLX_SPEC_QMM is off, or the \
                  backend is not the CPU): MLX's kernels compute in f32"
             );
-        } else if kernels.isa().starts_with("portable") {
+        } else if !kernels.bf16_in_hardware() {
             eprintln!(
                 "warning: this CPU (or MLX_SPEC_QMM_ISA) has no AVX512_BF16: bf16 precision runs portable code, \
                  about 100x slower than f32; use --precision f32"

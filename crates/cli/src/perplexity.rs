@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use mlx_core::Array;
+use mlx_core::{Array, Dtype};
 use models::tokenizer::Tokenizer;
 use models::{Transformer, load_model};
 
 use crate::drafting::target_dir;
-use crate::{load_options, load_options_for};
+use crate::{PrecisionArg, load_options, load_options_for};
 
 #[derive(Args, Debug)]
 pub(crate) struct PerplexityArgs {
@@ -37,9 +37,8 @@ pub(crate) struct PerplexityArgs {
     /// Compute dtype, as for `generate`.
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Quantized matmul arithmetic, as for `generate`.
-    #[arg(long)]
-    precision: Option<String>,
+    #[command(flatten)]
+    precision: PrecisionArg,
     /// Also score with the quantized matmuls in this precision (e.g. `f32` against `--precision
     /// bf16`) and report the perplexity ratio (`--precision`'s over this one's), the top-1
     /// agreement and the mean KL divergence KL(reference || ours) in nats.
@@ -58,6 +57,12 @@ struct Score {
 }
 
 impl Score {
+    /// Adds the log-probabilities of the next tokens of one sequence.
+    fn add(&mut self, picked: &[f32]) {
+        self.nll -= picked.iter().map(|&v| f64::from(v)).sum::<f64>();
+        self.positions += picked.len();
+    }
+
     fn perplexity(&self) -> f64 {
         (self.nll / self.positions.max(1) as f64).exp()
     }
@@ -93,53 +98,28 @@ fn read_text(path: &Path) -> Result<String> {
     Ok(docs.join("\n\n"))
 }
 
-/// Per position of `logits [L, V]`: the log-probability of `next[t]` and the argmax.
-fn score_rows(logits: &[f32], vocab: usize, next: &[u32]) -> Vec<(f64, u32)> {
-    logits
-        .chunks_exact(vocab)
-        .zip(next)
-        .map(|(row, &want)| {
-            let (mut best, mut max) = (0u32, f32::NEG_INFINITY);
-            for (i, &v) in row.iter().enumerate() {
-                if v > max {
-                    (best, max) = (i as u32, v);
-                }
-            }
-            let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
-            (f64::from(row[want as usize] - max) - sum.ln(), best)
-        })
-        .collect()
-}
-
-/// Σ over rows of KL(reference || ours), the divergence of `ours`' next-token distribution
-/// from the reference's (llama.cpp's `perplexity --kl-divergence` measure), in nats.
-fn kl_divergence(ours: &[f32], reference: &[f32], vocab: usize) -> f64 {
-    fn log_softmax(row: &[f32]) -> impl Iterator<Item = f64> + '_ {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        row.iter().map(move |&v| v as f64 - lse)
-    }
-    ours.chunks_exact(vocab)
-        .zip(reference.chunks_exact(vocab))
-        .map(|(o, r)| log_softmax(r).zip(log_softmax(o)).map(|(lr, lo)| lr.exp() * (lr - lo)).sum::<f64>())
-        .sum()
-}
-
-/// Logits `[L, V]` of one sequence, scored from a fresh cache.
-fn logits_of(model: &Transformer, seq: &[u32]) -> Result<(Vec<f32>, usize)> {
+/// One sequence `seq` (L tokens) scored by `model` from a fresh cache: the log-softmax `[L - 1,
+/// V]` f32 of its logits at every position but the last (lazy; f32 whatever the compute dtype).
+fn log_probs(model: &Transformer, seq: &[u32]) -> Result<Array> {
     let mut cache = model.make_cache();
     let ids = Array::from_slice(seq, &[1, seq.len() as i32])?;
-    // f32 whatever the compute dtype (`--dtype bfloat16` gives bf16 logits).
-    let logits = model.forward(&ids, &mut cache)?.astype(mlx_core::Dtype::Float32)?;
-    let vocab = *logits.shape().last().context("logits without a vocabulary axis")? as usize;
-    Ok((logits.to_vec::<f32>()?, vocab))
+    let logits = model.forward(&ids, &mut cache)?.squeeze(&[0])?.slice_axis(0, 0, seq.len() as i32 - 1)?;
+    let logits = logits.astype(Dtype::Float32)?;
+    Ok(logits.subtract(&logits.logsumexp(&[-1], true)?)?)
+}
+
+/// Per position of `lp [L - 1, V]` (log-probabilities): the log-probability of the next token
+/// `next[t]` and the most likely token.
+fn score(lp: &Array, next: &Array) -> Result<(Vec<f32>, Vec<u32>)> {
+    let picked = lp.take_along_axis(next, -1)?.reshape(&[-1])?;
+    Ok((picked.to_vec::<f32>()?, lp.argmax(-1, false)?.astype(Dtype::Uint32)?.to_vec::<u32>()?))
 }
 
 pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
     if a.sequence_length < 2 {
         bail!("--sequence-length {}: expected at least 2", a.sequence_length);
     }
-    let load = load_options(&a.dtype, a.precision.as_deref())?;
+    let load = load_options(&a.dtype, a.precision.get())?;
     let reference = a
         .reference_precision
         .as_deref()
@@ -175,19 +155,17 @@ pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
     let bar = indicatif::ProgressBar::new(sequences.len() as u64);
     let (mut ours, mut theirs, mut agree, mut kld) = (Score::default(), Score::default(), 0usize, 0f64);
     for seq in &sequences {
-        let next = &seq[1..];
-        let (logits, vocab) = logits_of(&model, seq)?;
-        let rows = score_rows(&logits[..next.len() * vocab], vocab, next);
-        ours.nll -= rows.iter().map(|r| r.0).sum::<f64>();
-        ours.positions += rows.len();
+        let next = Array::from_slice(&seq[1..], &[seq.len() as i32 - 1, 1])?;
+        let lp = log_probs(&model, seq)?;
+        let (picked, best) = score(&lp, &next)?;
+        ours.add(&picked);
         if let Some(m) = &ref_model {
-            let (ref_logits, vocab) = logits_of(m, seq)?;
-            let n = next.len() * vocab;
-            let other = score_rows(&ref_logits[..n], vocab, next);
-            kld += kl_divergence(&logits[..n], &ref_logits[..n], vocab);
-            theirs.nll -= other.iter().map(|r| r.0).sum::<f64>();
-            theirs.positions += other.len();
-            agree += rows.iter().zip(&other).filter(|(x, y)| x.1 == y.1).count();
+            let ref_lp = log_probs(m, seq)?;
+            let (ref_picked, ref_best) = score(&ref_lp, &next)?;
+            theirs.add(&ref_picked);
+            agree += best.iter().zip(&ref_best).filter(|(x, y)| x == y).count();
+            // KL(reference || ours), summed over the positions: llama.cpp's --kl-divergence.
+            kld += ref_lp.exp()?.multiply(&ref_lp.subtract(&lp)?)?.sum(&[], false)?.item()?;
         }
         bar.inc(1);
     }

@@ -7,7 +7,7 @@ use clap::Args;
 use server::ServeConfig;
 
 use crate::drafting::{DraftingArgs, target_dir};
-use crate::load_options;
+use crate::{PrecisionArg, load_options};
 
 #[derive(Args)]
 pub(crate) struct ServeArgs {
@@ -23,11 +23,8 @@ pub(crate) struct ServeArgs {
     /// Compute dtype: `float32`, `float16`, `bfloat16` or `stored`, as for `generate`.
     #[arg(long, default_value = "float32")]
     dtype: String,
-    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
-    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
-    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
-    #[arg(long)]
-    precision: Option<String>,
+    #[command(flatten)]
+    precision: PrecisionArg,
     #[command(flatten)]
     drafting: DraftingArgs,
     /// `max_tokens` of requests that give none.
@@ -73,7 +70,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
-    let load = load_options(&a.dtype, a.precision.as_deref())?;
+    let load = load_options(&a.dtype, a.precision.get())?;
     let drafting = a.drafting.to_library();
     // Refuse bad drafting flags before a model is fetched.
     spec::providers::DrafterSpec::from_args(&drafting)?;

@@ -341,6 +341,13 @@ impl KernelPolicy {
         ffi::cpu_qmm_isa(self.max_isa as i32, self.precision as i32)
     }
 
+    /// Whether bf16 precision's products run on AVX512_BF16 under this policy's
+    /// instruction-set cap on this CPU; false where they run the portable code (the same bits,
+    /// about 100x slower) and where the kernel is not used ([`KernelPolicy::uses_qmm`]).
+    pub fn bf16_in_hardware(&self) -> bool {
+        self.uses_qmm() && ffi::cpu_qmm_isa(self.max_isa as i32, Precision::Bf16 as i32).contains("avx512bf16")
+    }
+
     /// Whether quantized matmuls go to the CPU kernel: [`KernelPolicy::qmm`] on the CPU backend.
     pub fn uses_qmm(&self) -> bool {
         self.qmm && cpu_backend()

@@ -153,6 +153,8 @@ fn bf16_precision_is_named_and_reported() {
     assert_eq!(policy(Isa::Portable).isa(), "portable (bf16)");
     let best = policy(Isa::Avx512f).isa();
     assert!(best == "portable (bf16)" || best == "avx512f+avx512bf16 (bf16)", "{best}");
+    assert_eq!(policy(Isa::Avx512f).bf16_in_hardware(), best.contains("avx512bf16"));
+    assert!(!policy(Isa::Portable).bf16_in_hardware());
     assert_ne!(policy(Isa::Avx512f).key(), KernelPolicy::all_on().key());
 }
 
