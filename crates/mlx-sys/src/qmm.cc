@@ -40,6 +40,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace mlxsys {
 namespace mx = mlx::core;
@@ -377,30 +378,59 @@ AVX512_FN_ALWAYS void dequant_pair(const uint32_t* wr, int c, __m512 sc, __m512 
   }
 }
 
-// A register kernel's two accumulators per (weight row, activation row): zero at the first
-// group, else reloaded from `carry` (32 floats each, rows r * M + m); at the end either
-// finished into the output by `finish` (a fixed reduction) or stored back to `carry`.
+// Where a register kernel keeps its accumulators between blocks of scale groups: two vectors
+// (32 floats) per (weight row, activation row), those of weight row n of a tile at
+// `base + 32 * M * (n - t0)`. Only blocked windows (window_blocks) read or write it.
+struct Carry {
+  float* base;
+  int t0;
+};
+
+// A register kernel's accumulators for weight rows n .. n + R: zero at the first group, else
+// reloaded from the carry; at the end either finished into the output by `finish` (a fixed
+// reduction) or stored back.
 template <int R, int M>
-AVX512_FN_ALWAYS void carry_in(__m512 (&acc)[R][M][2], int g0, const float* carry) {
+AVX512_FN_ALWAYS void carry_in(__m512 (&acc)[R][M][2], int n, int g0, Carry carry) {
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      const float* c = carry + 32 * (r * M + m);
-      acc[r][m][0] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
-      acc[r][m][1] = g0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
+      if (g0 == 0) {
+        acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+      } else {
+        const float* c = carry.base + 32 * (M * (n + r - carry.t0) + m);
+        acc[r][m][0] = _mm512_loadu_ps(c);
+        acc[r][m][1] = _mm512_loadu_ps(c + 16);
+      }
     }
 }
 template <int R, int M, class Finish>
-AVX512_FN_ALWAYS void carry_out(const __m512 (&acc)[R][M][2], const Problem& p, int n, bool last, float* carry,
+AVX512_FN_ALWAYS void carry_out(const __m512 (&acc)[R][M][2], const Problem& p, int n, bool last, Carry carry,
                                 Finish finish) {
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
       if (last) {
         p.out[m * static_cast<size_t>(p.n) + n + r] = finish(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
       } else {
-        _mm512_storeu_ps(carry + 32 * (r * M + m), acc[r][m][0]);
-        _mm512_storeu_ps(carry + 32 * (r * M + m) + 16, acc[r][m][1]);
+        float* c = carry.base + 32 * (M * (n + r - carry.t0) + m);
+        _mm512_storeu_ps(c, acc[r][m][0]);
+        _mm512_storeu_ps(c + 16, acc[r][m][1]);
       }
     }
+}
+
+// f(std::integral_constant<int, M>{}) for M = m, 1..kRegisterRows (more counts as
+// kRegisterRows): a register group's row count as a template argument.
+template <class F>
+inline void with_rows(int m, F f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, kRegisterRows>{});
+  }
 }
 
 // The f32 path's reduction of a row's two accumulators.
@@ -409,12 +439,12 @@ struct ReduceAdd {
 };
 
 template <int BITS, int R, int M>
-AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, float* carry) {
+AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, Carry carry) {
   const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
   const uint32_t* wr = p.w_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
-  carry_in<R, M>(acc, g0, carry);
+  carry_in<R, M>(acc, n, g0, carry);
   for (int g = g0; g < g1; ++g) {
     __m512 sc[R], bi[R];
     group_params<BITS, R>(p, n, g, sc, bi);
@@ -434,16 +464,15 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, 
   carry_out<R, M>(acc, p, n, g1 == groups, carry, ReduceAdd{});
 }
 
-// Output rows [n0, n1) for M activation rows over the groups [g0, g1) (carry: M * 32 floats per
-// weight row, from n0): two weight rows at a time for one activation row (sharing the loads of
-// x), one at a time for more.
+// Output rows [n0, n1) for M activation rows over the groups [g0, g1): two weight rows at a
+// time for one activation row (sharing the loads of x), one at a time for more.
 template <int BITS, int M>
-AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1, int g0, int g1, float* carry) {
+AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1, int g0, int g1, Carry carry) {
   int n = n0;
   if constexpr (M == 1) {
-    for (; n + 2 <= n1; n += 2) rows_avx512_regs<BITS, 2, 1>(p, n, g0, g1, carry + 32 * (n - n0));
+    for (; n + 2 <= n1; n += 2) rows_avx512_regs<BITS, 2, 1>(p, n, g0, g1, carry);
   }
-  for (; n < n1; ++n) rows_avx512_regs<BITS, 1, M>(p, n, g0, g1, carry + 32 * M * (n - n0));
+  for (; n < n1; ++n) rows_avx512_regs<BITS, 1, M>(p, n, g0, g1, carry);
 }
 
 // Activation bytes of a register group per block when its whole rows do not fit
@@ -452,7 +481,8 @@ AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1, int g0, int g
 constexpr size_t kBlockXBytes = 24 * 1024;
 
 // The activation rows of a window in balanced register groups of at most kRegisterRows (11 ->
-// 6 + 5, 16 -> 8 + 8). When a group's whole rows fit kRegisterMaxXBytes, each group is a pass
+// 6 + 5, 16 -> 8 + 8). When a group's whole rows fit kRegisterMaxXBytes (always for one
+// row: a decode step's products keep their whole rows), each group is a pass
 // over tiles of `tile_rows` weight rows; otherwise the scale groups of a row go in blocks
 // whose activations stay in L1 (kBlockXBytes), over tiles of kTileRows weight rows applied
 // block by block to every register group, so a tile's packed weights are read from memory
@@ -463,7 +493,7 @@ template <class Rows>
 void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_step, int tile_rows, Rows rows) {
   const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
   const int groups = p.k / p.gs;
-  const bool whole = static_cast<size_t>(group) * p.k * x_bytes <= kRegisterMaxXBytes;
+  const bool whole = p.m == 1 || static_cast<size_t>(group) * p.k * x_bytes <= kRegisterMaxXBytes;
   const size_t fit = kBlockXBytes / (static_cast<size_t>(group) * p.gs * x_bytes);
   const int block = whole ? groups : std::max(group_step, static_cast<int>(fit) / group_step * group_step);
   const int tile = whole ? tile_rows : kTileRows;
@@ -480,7 +510,7 @@ void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_s
         q.x = p.x + static_cast<size_t>(m0) * p.k;
         if (p.xb) q.xb = p.xb + static_cast<size_t>(m0) * p.k;
         q.out = p.out + static_cast<size_t>(m0) * p.n;
-        rows(q, t0, t1, g0, g1, carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32);
+        rows(q, t0, t1, g0, g1, Carry{carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32, t0});
       }
     }
   }
@@ -488,17 +518,8 @@ void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_s
 
 // rows_avx512_small for a register group of 1..8 rows.
 template <int BITS>
-AVX512_FN void rows_avx512_group(const Problem& q, int t0, int t1, int g0, int g1, float* carry) {
-  switch (q.m) {
-    case 1: return rows_avx512_small<BITS, 1>(q, t0, t1, g0, g1, carry);
-    case 2: return rows_avx512_small<BITS, 2>(q, t0, t1, g0, g1, carry);
-    case 3: return rows_avx512_small<BITS, 3>(q, t0, t1, g0, g1, carry);
-    case 4: return rows_avx512_small<BITS, 4>(q, t0, t1, g0, g1, carry);
-    case 5: return rows_avx512_small<BITS, 5>(q, t0, t1, g0, g1, carry);
-    case 6: return rows_avx512_small<BITS, 6>(q, t0, t1, g0, g1, carry);
-    case 7: return rows_avx512_small<BITS, 7>(q, t0, t1, g0, g1, carry);
-    default: return rows_avx512_small<BITS, 8>(q, t0, t1, g0, g1, carry);
-  }
+AVX512_FN void rows_avx512_group(const Problem& q, int t0, int t1, int g0, int g1, Carry carry) {
+  with_rows(q.m, [&](auto m) { rows_avx512_small<BITS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
 }
 
 // The tiled small-M path of the AVX2 kernels (see there) with 16-lane chunks and the two
@@ -550,15 +571,11 @@ template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1) {
   // Activation rows in as few register groups as fit, of balanced sizes (16 -> 8 + 8).
   const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
-  if (p.m == 1) {
-    float no_carry[64];  // whole rows: never read or written
-    return rows_avx512_small<BITS, 1>(p, n0, n1, 0, p.k / p.gs, no_carry);
-  }
   // Register groups over blocks of scale groups (window_blocks); a row's FMAs do not depend on
   // its register group or block. Dense weights are 4-8x the bytes of quantized ones: one pass
   // over them (the tiled path) beats one pass per register group.
   const bool one_group_fits = passes == 1 && static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
-  if (BITS != kDense || one_group_fits) {
+  if (BITS != kDense || p.m == 1 || one_group_fits) {
     return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
   }
   rows_tiled<Avx512DenseTiles>(p, n0, n1);
@@ -654,7 +671,8 @@ void prepare_bf16_portable(const float* x, int m, int k, int bits, uint16_t* out
 void rows_bf16_portable(const Problem& p, int n0, int n1) {
   const int per_word = 32 / p.bits;
   const uint32_t mask = (1u << p.bits) - 1;
-  std::vector<uint16_t> wb(p.k);
+  thread_local std::vector<uint16_t> wb;
+  wb.resize(p.k);
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
     for (int pp = 0; pp < p.k / 32; ++pp) {
@@ -724,14 +742,14 @@ BF16_FN void prepare_bf16(const float* x, int m, int k, int bits, uint16_t* out)
 // template argument so that each pair's accumulator (pair index mod 2) is known at compile
 // time and the accumulators stay in registers.
 template <int BITS, int GS, int R, int M>
-BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_end, float* carry) {
+BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_end, Carry carry) {
   constexpr int kPairsPerGroup = GS / 32;
   constexpr int kGroupsPerStep = GS == 32 ? 2 : 1;  // a step covers an even number of pairs
   const int words = p.k * BITS / 32, groups = p.k / GS;
   const uint32_t* wr = p.w_row(n);
   const size_t xs = static_cast<size_t>(p.k);
   __m512 acc[R][M][2];
-  carry_in<R, M>(acc, g_begin, carry);
+  carry_in<R, M>(acc, n, g_begin, carry);
   for (int g0 = g_begin; g0 < g_end; g0 += kGroupsPerStep) {  // g_begin is a multiple of the step
     _Pragma("GCC unroll 2") for (int gg = 0; gg < kGroupsPerStep; ++gg) {
       const int g = g0 + gg;
@@ -757,26 +775,17 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_e
 }
 
 template <int BITS, int GS, int M>
-BF16_FN void rows_bf16_small(const Problem& p, int n0, int n1, int g0, int g1, float* carry) {
+BF16_FN void rows_bf16_small(const Problem& p, int n0, int n1, int g0, int g1, Carry carry) {
   int n = n0;
   if constexpr (M == 1) {
-    for (; n + 2 <= n1; n += 2) rows_bf16_regs<BITS, GS, 2, 1>(p, n, g0, g1, carry + 32 * (n - n0));
+    for (; n + 2 <= n1; n += 2) rows_bf16_regs<BITS, GS, 2, 1>(p, n, g0, g1, carry);
   }
-  for (; n < n1; ++n) rows_bf16_regs<BITS, GS, 1, M>(p, n, g0, g1, carry + 32 * M * (n - n0));
+  for (; n < n1; ++n) rows_bf16_regs<BITS, GS, 1, M>(p, n, g0, g1, carry);
 }
 
 template <int BITS, int GS>
-BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1, int g0, int g1, float* carry) {
-  switch (q.m) {
-    case 1: return rows_bf16_small<BITS, GS, 1>(q, t0, t1, g0, g1, carry);
-    case 2: return rows_bf16_small<BITS, GS, 2>(q, t0, t1, g0, g1, carry);
-    case 3: return rows_bf16_small<BITS, GS, 3>(q, t0, t1, g0, g1, carry);
-    case 4: return rows_bf16_small<BITS, GS, 4>(q, t0, t1, g0, g1, carry);
-    case 5: return rows_bf16_small<BITS, GS, 5>(q, t0, t1, g0, g1, carry);
-    case 6: return rows_bf16_small<BITS, GS, 6>(q, t0, t1, g0, g1, carry);
-    case 7: return rows_bf16_small<BITS, GS, 7>(q, t0, t1, g0, g1, carry);
-    default: return rows_bf16_small<BITS, GS, 8>(q, t0, t1, g0, g1, carry);
-  }
+BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1, int g0, int g1, Carry carry) {
+  with_rows(q.m, [&](auto m) { rows_bf16_small<BITS, GS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
 }
 
 // Output rows [n0, n1) for M <= kTiledMaxRows activation rows, as the f32 path's windows
@@ -784,11 +793,9 @@ BF16_FN void rows_bf16_group(const Problem& q, int t0, int t1, int g0, int g1, f
 // accumulators across groups).
 template <int BITS, int GS>
 BF16_FN void rows_bf16_gs(const Problem& p, int n0, int n1) {
-  if (p.m == 1) {
-    float no_carry[64];  // whole rows: never read or written
-    return rows_bf16_small<BITS, GS, 1>(p, n0, n1, 0, p.k / GS, no_carry);
-  }
-  window_blocks(p, n0, n1, sizeof(uint16_t), GS == 32 ? 2 : 1, kTileRows, rows_bf16_group<BITS, GS>);
+  // One row (a decode step): one pass over all rows, as the f32 path; windows: tiles of 16.
+  const int tile_rows = p.m == 1 ? n1 - n0 : kTileRows;
+  window_blocks(p, n0, n1, sizeof(uint16_t), GS == 32 ? 2 : 1, tile_rows, rows_bf16_group<BITS, GS>);
 }
 
 template <int BITS>
@@ -818,6 +825,7 @@ int isa(int max_isa) {
 bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); }
 
 void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
+  if (precision == kBf16 && !bf16_vector(level)) return rows_bf16_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
@@ -837,8 +845,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     }
     return;
   }
-  if (precision == kBf16 && bf16_vector(level)) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
-  if (precision == kBf16) return rows_bf16_portable(p, n0, n1);
+  if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
   if (level == kAvx512) {
     switch (p.bits) {
       case 4: return rows_avx512<4>(p, n0, n1);
@@ -854,7 +861,6 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     }
   }
 #endif
-  if (precision == kBf16) return rows_bf16_portable(p, n0, n1);
   rows_portable(p, n0, n1, row);
 }
 
@@ -915,14 +921,10 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     xb.resize(len + 32);
     uint16_t* aligned = xb.data() + (32 - reinterpret_cast<uintptr_t>(xb.data()) / sizeof(uint16_t) % 32) % 32;
 #ifdef MLXSYS_X86
-    if (bf16_vector(level)) {
-      prepare_bf16(p0.x, p0.m, p0.k, p0.bits, aligned);
-    } else {
-      prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
-    }
-#else
-    prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
+    if (bf16_vector(level)) prepare_bf16(p0.x, p0.m, p0.k, p0.bits, aligned);
+    else
 #endif
+      prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
     for (auto& p : ps) p.xb = aligned;
   }
   // The SIMD kernels read x from a 64-byte aligned copy: a 16-lane load that straddles two
