@@ -45,8 +45,8 @@ pub const KERNEL_BITS: [i32; 2] = [4, 8];
 
 /// `x [..., K]` (float32) times the transpose of the quantized `W [N, K]`: `[..., N]`
 /// float32, lazy. `weight` uint32 `[N, K * bits / 32]`, `scales`/`biases` float32
-/// `[N, K / group_size]` (mlx's affine layout). Runs under `policy`'s instruction-set cap
-/// and counts in its [`KernelPolicy::calls`] (whatever its switches say).
+/// `[N, K / group_size]` (mlx's affine layout). Runs under `policy`'s instruction-set cap and
+/// [`crate::Precision`] and counts in its [`KernelPolicy::calls`] (whatever its switches say).
 ///
 /// # Errors
 /// [`crate::Error::Mlx`] naming the problem when the spec is not 4/8-bit, a dtype is not
