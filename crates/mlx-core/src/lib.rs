@@ -35,6 +35,7 @@
 //! ```
 
 mod array;
+pub mod autograd;
 pub mod cpu_attention;
 pub mod cpu_fast;
 pub mod cpu_quant;

@@ -103,6 +103,9 @@ impl Array {
         isnan => IsNan;
         /// Whether each element is +-inf (bool output).
         isinf => IsInf;
+        /// `x` itself, with a zero gradient: what [`crate::autograd`] does not differentiate
+        /// through (`mx.stop_gradient`).
+        stop_gradient => StopGradient;
     }
 
     binary! {

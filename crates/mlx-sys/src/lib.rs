@@ -66,6 +66,8 @@ pub mod ffi {
         LogicalNot,
         IsNan,
         IsInf,
+        /// The identity whose gradient is zero (`mx::stop_gradient`).
+        StopGradient,
     }
 
     /// Two-input elementwise ops (with NumPy broadcasting and type promotion).
@@ -125,6 +127,17 @@ pub mod ffi {
         w: UniquePtr<MxArray>,
         scales: UniquePtr<MxArray>,
         biases: UniquePtr<MxArray>,
+    }
+
+    /// What [`vjp`](crate::vjp) returns: the function's outputs and one gradient per primal.
+    struct VjpOutputs {
+        outputs: UniquePtr<ArrayList>,
+        grads: UniquePtr<ArrayList>,
+    }
+
+    extern "Rust" {
+        type ArrayFn;
+        fn call_array_fn(f: &mut ArrayFn, inputs: &ArrayList) -> Result<UniquePtr<ArrayList>>;
     }
 
     unsafe extern "C++" {
@@ -258,6 +271,9 @@ pub mod ffi {
         ) -> Result<UniquePtr<MxArray>>;
         fn random_categorical(logits: &MxArray, axis: i32, key: &MxArray) -> Result<UniquePtr<MxArray>>;
 
+        #[cxx_name = "vjp"]
+        fn vjp_raw(f: &mut ArrayFn, primals: &ArrayList, cotangents: &ArrayList) -> Result<VjpOutputs>;
+
         fn eval(arrays: &ArrayList) -> Result<()>;
         fn async_eval(arrays: &ArrayList) -> Result<()>;
         fn active_memory() -> usize;
@@ -335,6 +351,42 @@ pub mod ffi {
         fn blas_gemv_calls() -> u64;
         fn blas_set_gemv_routing(on: bool) -> bool;
     }
+}
+
+/// A function of arrays that MLX's autograd calls back (see [`vjp`]); erases the borrowed
+/// closure's lifetime for the duration of one [`vjp`] call, which is the only place it is made.
+pub struct ArrayFn {
+    f: *mut (dyn FnMut(&ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String> + 'static),
+}
+
+/// A closure over arrays as [`vjp`] takes it: the inputs as an [`ffi::ArrayList`], the outputs
+/// as a new one, or an error message.
+pub type ArrayClosure<'a> = dyn FnMut(&ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String> + 'a;
+
+fn call_array_fn(f: &mut ArrayFn, inputs: &ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String> {
+    // SAFETY: `f.f` was made from a `&mut` closure in `vjp`, which outlives this call: the C++
+    // side calls back only while `vjp_raw` runs and keeps no reference after it returns.
+    let f = unsafe { &mut *f.f };
+    // A panic must not unwind into C++ (cxx would abort): it becomes the call's error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(inputs)))
+        .unwrap_or_else(|_| Err("the differentiated function panicked".to_string()))
+}
+
+/// `mlx::core::vjp` over a Rust closure: evaluates `f` at `primals` (traced, lazily) and
+/// returns its outputs with the vector-Jacobian products of `cotangents` (one per output, of
+/// that output's shape) with respect to each primal. An `Err` returned by `f` becomes this
+/// call's `Err` with the same message.
+pub fn vjp(
+    f: &mut ArrayClosure<'_>,
+    primals: &ffi::ArrayList,
+    cotangents: &ffi::ArrayList,
+) -> Result<ffi::VjpOutputs, cxx::Exception> {
+    let short: *mut ArrayClosure<'_> = f;
+    // SAFETY: only the lifetime is changed; the pointer is used by `call_array_fn` while
+    // `vjp_raw` runs, during which `f` is borrowed mutably here.
+    let erased: *mut ArrayClosure<'static> = unsafe { std::mem::transmute(short) };
+    let mut holder = ArrayFn { f: erased };
+    ffi::vjp_raw(&mut holder, primals, cotangents)
 }
 
 /// Whether this build has the runtime BLAS switch (Linux wheels with a bundled reference

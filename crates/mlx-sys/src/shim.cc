@@ -186,6 +186,7 @@ std::unique_ptr<array> unary(UnaryOp op, const array& a) {
     case UnaryOp::LogicalNot: return box(mx::logical_not(a));
     case UnaryOp::IsNan: return box(mx::isnan(a));
     case UnaryOp::IsInf: return box(mx::isinf(a));
+    case UnaryOp::StopGradient: return box(mx::stop_gradient(a));
   }
   throw std::invalid_argument("unknown unary op");
 }
@@ -364,6 +365,22 @@ std::unique_ptr<array> random_normal(rust::Slice<const int32_t> shape, Dtype dty
 }
 std::unique_ptr<array> random_categorical(const array& logits, int32_t axis, const array& key) {
   return box(mx::random::categorical(logits, axis, key));
+}
+
+// --- automatic differentiation
+VjpOutputs vjp(ArrayFn& f, const ArrayList& primals, const ArrayList& cotangents) {
+  auto fun = [&f](const std::vector<array>& inputs) {
+    ArrayList in;
+    in.items = inputs;
+    return call_array_fn(f, in)->items;
+  };
+  auto [outputs, grads] = mx::vjp(fun, primals.items, cotangents.items);
+  VjpOutputs out;
+  out.outputs = std::make_unique<ArrayList>();
+  out.outputs->items = std::move(outputs);
+  out.grads = std::make_unique<ArrayList>();
+  out.grads->items = std::move(grads);
+  return out;
 }
 
 // --- evaluation and memory

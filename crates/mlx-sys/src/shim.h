@@ -25,6 +25,8 @@ enum class BinaryOp : uint8_t;
 enum class ReduceOp : uint8_t;
 enum class ScanOp : uint8_t;
 struct Quantized;
+struct VjpOutputs;
+struct ArrayFn;
 
 // An ordered list of arrays (inputs to concatenate/eval, optional arguments, split results).
 struct ArrayList {
@@ -120,6 +122,13 @@ std::unique_ptr<array> random_uniform(const array& low, const array& high, rust:
 std::unique_ptr<array> random_normal(rust::Slice<const int32_t> shape, Dtype dtype, float loc, float scale,
                                      const array& key);
 std::unique_ptr<array> random_categorical(const array& logits, int32_t axis, const array& key);
+
+// --- automatic differentiation
+// mx::vjp over a Rust closure (`f`, called back through `call_array_fn` in src/lib.rs): the
+// closure's outputs at `primals` and the vector-Jacobian products of `cotangents` (one per
+// output) with respect to each primal. An error the closure returns arrives here as a thrown
+// rust::Error and leaves through the same Result as MLX's own exceptions.
+VjpOutputs vjp(ArrayFn& f, const ArrayList& primals, const ArrayList& cotangents);
 
 // --- evaluation and memory
 void eval(const ArrayList& arrays);
