@@ -34,6 +34,7 @@ pub mod config;
 mod error;
 mod model;
 pub mod quant;
+pub mod training;
 
 pub use config::{Architecture, DrafterConfig};
 pub use error::{Error, Result};

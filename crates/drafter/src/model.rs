@@ -26,11 +26,11 @@ use models::{LoadOptions, Sampler};
 use crate::config::{Architecture, DrafterConfig};
 use crate::{Error, Result};
 
-struct Layer {
+pub(crate) struct Layer {
     /// Gemma4: `k_eq_v` (no `v_proj`) and a weightless norm on V.
-    attn: Attention,
+    pub(crate) attn: Attention,
     mlp: Mlp,
-    input_layernorm: RmsNorm,
+    pub(crate) input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     /// Gemma4 sandwich norms.
     pre_feedforward_layernorm: Option<RmsNorm>,
@@ -160,7 +160,20 @@ impl Drafter {
     /// missing or misshapen; [`Error::Unused`] when the files hold tensors the architecture
     /// does not use.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
-        let config = DrafterConfig::from_dir(dir)?;
+        // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
+        // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
+        Self::from_weights(DrafterConfig::from_dir(dir)?, Weights::load(dir)?, options)
+    }
+
+    /// Builds the drafter of `config` from `weights` (DeepSpec's tensor names), as
+    /// [`Drafter::load`] does from its files: how a training step makes a drafter from the
+    /// parameters [`mlx_core::autograd`] traces.
+    ///
+    /// # Errors
+    /// As [`Drafter::load`].
+    pub fn from_weights(config: DrafterConfig, mut weights: Weights, options: &LoadOptions) -> Result<Self> {
+        let dir = weights.dir().to_path_buf();
+        let dir = dir.as_path();
         let cfg_path = config.path.clone();
         let quant = if config.raw.quantization.is_some() || config.raw.quantization_config.is_some() {
             QuantizationConfig::from_config(&ModelConfig::from_dir(dir)?, &cfg_path)?
@@ -168,9 +181,6 @@ impl Drafter {
             QuantizationConfig::default()
         };
         let ctx = LoadContext { quant, dtype: options.dtype, kernels: options.kernels.clone() };
-        // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
-        // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
-        let mut weights = Weights::load(dir)?;
         let quantized: Vec<String> =
             weights.unused().iter().filter_map(|n| n.strip_suffix(".scales").map(str::to_string)).collect();
         let mut w = Loader::new(&mut weights, &ctx);
@@ -417,6 +427,39 @@ impl Drafter {
         Ok(())
     }
 
+    /// Token ids embedded, `[len, H]` in the compute dtype (Gemma4: times `bf16(sqrt(H))`).
+    ///
+    /// # Errors
+    /// MLX failures (ids are not checked against the vocabulary here).
+    pub(crate) fn embed_ids(&self, ids: &[u32]) -> Result<Array> {
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let x = self.embed.forward(&Array::from_slice(&ids, &[ids.len() as i32])?)?.astype(self.dtype)?;
+        Ok(match self.embed_scale {
+            Some(s) => x.multiply(&Array::scalar_as(s as f64, self.dtype)?)?,
+            None => x,
+        })
+    }
+
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    pub(crate) fn final_norm(&self, x: &Array) -> Result<Array> {
+        Ok(self.norm.forward(x)?)
+    }
+
+    pub(crate) fn markov_w2(&self) -> Option<&Linear> {
+        self.markov_w2.as_ref()
+    }
+
+    pub(crate) fn confidence_head(&self) -> Option<&Linear> {
+        self.confidence.as_ref()
+    }
+
+    pub(crate) fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
     /// The block input `[anchor, mask x (B-1)]` embedded, `[1, B, H]` (Gemma4: times
     /// `bf16(sqrt(H))`).
     ///
@@ -430,13 +473,9 @@ impl Drafter {
                 self.config.vocab_size
             )));
         }
-        let mut ids = vec![self.config.mask_token_id as i32; b];
-        ids[0] = anchor as i32;
-        let x = self.embed.forward(&Array::from_slice(&ids, &[1, b as i32])?)?.astype(self.dtype)?;
-        Ok(match self.embed_scale {
-            Some(s) => x.multiply(&Array::scalar_as(s as f64, self.dtype)?)?,
-            None => x,
-        })
+        let mut ids = vec![self.config.mask_token_id; b];
+        ids[0] = anchor;
+        Ok(self.embed_ids(&ids)?.expand_dims(&[0])?)
     }
 
     /// Runs the draft block for `anchor` at absolute positions `ctx.len() .. ctx.len() + B`
@@ -588,9 +627,15 @@ impl Layer {
     fn forward(&self, x: &Array, cache: &mut KvCache, d: &Drafter, offset: i32) -> Result<Array> {
         debug_assert_eq!(cache.offset() as i32, offset);
         let o = self.attn.forward(&self.input_layernorm.forward(x)?, cache, &d.rope, false)?;
+        self.residual_and_mlp(x, &o)
+    }
+
+    /// The rest of the layer after attention: `x` the layer input, `o` the attention output
+    /// (Qwen3: residual, norm, MLP, residual; Gemma4: sandwich norms and `layer_scalar`).
+    pub(crate) fn residual_and_mlp(&self, x: &Array, o: &Array) -> Result<Array> {
         match (&self.pre_feedforward_layernorm, &self.post_feedforward_layernorm) {
             (Some(pre), Some(post)) => {
-                let h = x.add(&self.post_attention_layernorm.forward(&o)?)?;
+                let h = x.add(&self.post_attention_layernorm.forward(o)?)?;
                 let h = h.add(&post.forward(&self.mlp.forward(&pre.forward(&h)?)?)?)?;
                 Ok(match &self.layer_scalar {
                     Some(s) => h.multiply(s)?,
@@ -598,7 +643,7 @@ impl Layer {
                 })
             }
             _ => {
-                let h = x.add(&o)?;
+                let h = x.add(o)?;
                 Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
             }
         }

@@ -29,19 +29,21 @@ use crate::{Array, Dtype, Error, Result};
 /// The outputs of `f` at `primals` and, for each primal, the vector-Jacobian product
 /// `Σ_o cotangent_o · ∂f_o/∂primal` (the gradient, shaped and typed like the primal).
 ///
-/// `cotangents` holds one array per output of `f`, each of that output's shape.
+/// `cotangents` holds one array per output of `f`, each of that output's shape. `f` may fail
+/// with any error type that an mlx-core [`Error`] converts into (a model crate's own).
 ///
 /// # Errors
 /// The first error `f` returns, unchanged; [`Error::Invalid`] when `f` panics; [`Error::Mlx`]
 /// (op `vjp`) when MLX rejects the call (a cotangent count or shape that does not match the
 /// outputs, an op without a gradient rule such as this project's CPU kernels).
-pub fn vjp<F>(mut f: F, primals: &[Array], cotangents: &[Array]) -> Result<(Vec<Array>, Vec<Array>)>
+pub fn vjp<F, E>(mut f: F, primals: &[Array], cotangents: &[Array]) -> std::result::Result<(Vec<Array>, Vec<Array>), E>
 where
-    F: FnMut(&[Array]) -> Result<Vec<Array>>,
+    F: FnMut(&[Array]) -> std::result::Result<Vec<Array>, E>,
+    E: From<Error> + std::fmt::Display,
 {
-    let mut failure: Option<Error> = None;
+    let mut failure: Option<E> = None;
     let mut call = |inputs: &ffi::ArrayList| -> std::result::Result<cxx::UniquePtr<ffi::ArrayList>, String> {
-        let mut run = || -> Result<cxx::UniquePtr<ffi::ArrayList>> {
+        let mut run = || -> std::result::Result<cxx::UniquePtr<ffi::ArrayList>, E> {
             let inputs = from_list("vjp", inputs)?;
             Ok(list(&f(&inputs)?))
         };
@@ -56,9 +58,9 @@ where
         (Ok(out), _) => Ok((from_list("vjp", &out.outputs)?, from_list("vjp", &out.grads)?)),
         (Err(_), Some(e)) => Err(e),
         (Err(e), None) if e.what().contains("the differentiated function panicked") => {
-            Err(Error::Invalid { op: "vjp", message: e.what().to_string() })
+            Err(Error::Invalid { op: "vjp", message: e.what().to_string() }.into())
         }
-        (Err(e), None) => Err(Error::mlx("vjp", e)),
+        (Err(e), None) => Err(Error::mlx("vjp", e).into()),
     }
 }
 
@@ -69,17 +71,19 @@ where
 /// # Errors
 /// [`Error::Invalid`] when `f` returns a non-scalar (the shape is named); otherwise as
 /// [`vjp`].
-pub fn value_and_grad<F>(mut f: F, params: &[Array]) -> Result<(Array, Vec<Array>)>
+pub fn value_and_grad<F, E>(mut f: F, params: &[Array]) -> std::result::Result<(Array, Vec<Array>), E>
 where
-    F: FnMut(&[Array]) -> Result<Array>,
+    F: FnMut(&[Array]) -> std::result::Result<Array, E>,
+    E: From<Error> + std::fmt::Display,
 {
-    let scalar = |p: &[Array]| -> Result<Vec<Array>> {
+    let scalar = |p: &[Array]| -> std::result::Result<Vec<Array>, E> {
         let value = f(p)?;
         if value.ndim() != 0 {
             return Err(Error::Invalid {
                 op: "value_and_grad",
                 message: format!("the function must return a scalar, it returned shape {:?}", value.shape()),
-            });
+            }
+            .into());
         }
         Ok(vec![value.astype(Dtype::Float32)?])
     };

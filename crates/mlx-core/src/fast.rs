@@ -96,6 +96,50 @@ impl Rope {
         policy.count(Kernel::Fast);
         crate::cpu_fast::rope_at(self, x, positions).map(Some)
     }
+
+    /// The rotation of `x [..., L, D]` with row `l` at position `positions[l]` (`[L]`, any
+    /// numeric dtype), from elementwise MLX ops: differentiable (for training) and for any
+    /// positions and dtype. As transformers computes it (`rotate_half`; the angles, their cos
+    /// and sin in f32, then cast to `x`'s dtype): `x * cos + rotate(x) * sin` on the first
+    /// `dims` features, the rest unchanged. Equals [`Rope::apply`] up to rounding (MLX's
+    /// kernel rounds the rotated pair once).
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] for `traditional` (adjacent pairs are not implemented here)
+    /// or an odd `dims` above `D`; [`crate::Error::Mlx`] on shape problems.
+    pub fn apply_positions(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let d = x.shape().last().copied().unwrap_or(0);
+        if self.traditional || self.dims % 2 != 0 || self.dims > d {
+            return Err(crate::Error::Invalid {
+                op: "rope",
+                message: format!(
+                    "apply_positions rotates halves of an even dims <= D: dims {}, D {d}, traditional {}",
+                    self.dims, self.traditional
+                ),
+            });
+        }
+        let half = self.dims / 2;
+        let inv_freq = match &self.freqs {
+            Some(f) => f.astype(crate::Dtype::Float32)?.reciprocal()?,
+            None => {
+                // transformers' `1 / base^(2i / dims)`, in f32
+                let two_i = Array::arange(0.0, f64::from(self.dims), 2.0, crate::Dtype::Float32)?;
+                Array::scalar(self.base).power(&two_i.divide(&Array::scalar(self.dims as f32))?)?.reciprocal()?
+            }
+        };
+        let pos = positions.astype(crate::Dtype::Float32)?.multiply(&Array::scalar(self.scale))?;
+        let angles = pos.expand_dims(&[-1])?.multiply(&inv_freq.expand_dims(&[0])?)?; // [L, half]
+        let (cos, sin) = (angles.cos()?.astype(x.dtype())?, angles.sin()?.astype(x.dtype())?);
+        let rot = x.slice_axis(-1, 0, self.dims)?;
+        let (a, b) = (rot.slice_axis(-1, 0, half)?, rot.slice_axis(-1, half, self.dims)?);
+        let first = a.multiply(&cos)?.subtract(&b.multiply(&sin)?)?;
+        let second = b.multiply(&cos)?.add(&a.multiply(&sin)?)?;
+        let mut parts = vec![first, second];
+        if self.dims < d {
+            parts.push(x.slice_axis(-1, self.dims, d)?);
+        }
+        crate::concatenate(&parts.iter().collect::<Vec<_>>(), -1)
+    }
 }
 
 /// The mask of [`scaled_dot_product_attention`].

@@ -143,7 +143,7 @@ fn vjp_takes_one_cotangent_per_output_and_stop_gradient_blocks() {
     let y = Array::from_slice(&[0.5f32, -1., 2.], &[3]).unwrap();
     // f(x, y) = (x * y, x + stop_gradient(y)); cotangents (1, 1, 1) and (2, 2, 2).
     let (outs, grads) = autograd::vjp(
-        |p| Ok(vec![p[0].multiply(&p[1])?, p[0].add(&p[1].stop_gradient()?)?]),
+        |p| -> mlx_core::Result<Vec<Array>> { Ok(vec![p[0].multiply(&p[1])?, p[0].add(&p[1].stop_gradient()?)?]) },
         &[x, y],
         &[Array::ones(&[3], Dtype::Float32).unwrap(), Array::full(&[3], 2.0, Dtype::Float32).unwrap()],
     )

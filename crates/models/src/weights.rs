@@ -47,6 +47,12 @@ impl Weights {
         Ok(Weights { dir: dir.into(), tensors })
     }
 
+    /// Tensors already in memory (e.g. a model's parameters traced by
+    /// [`mlx_core::autograd`]), with `dir` the directory error messages name.
+    pub fn from_tensors(dir: &Path, tensors: BTreeMap<String, Array>) -> Self {
+        Weights { dir: dir.into(), tensors }
+    }
+
     /// Whether `name` is present.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)

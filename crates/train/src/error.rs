@@ -8,6 +8,9 @@ pub enum Error {
     /// An MLX operation failed (mlx-core's error, with MLX's message).
     #[error(transparent)]
     Mlx(#[from] mlx_core::Error),
+    /// The drafter failed to build or run (a bad checkpoint, a malformed training sequence).
+    #[error(transparent)]
+    Drafter(#[from] drafter::Error),
     /// A hyper-parameter is out of range (`lr`, betas, `total_steps`, ...).
     #[error("{setting}: {message}")]
     Config {

@@ -30,10 +30,12 @@
 //! # Ok(())
 //! # }
 //! ```
+pub mod dspark;
 mod error;
 mod optim;
 mod schedule;
 
+pub use dspark::{DSparkLoss, LossTerms};
 pub use error::{Error, Result};
 pub use optim::{AdamW, AdamWConfig, clip_grad_norm};
 pub use schedule::WarmupCosine;
