@@ -308,6 +308,22 @@ impl Transformer {
         Ok(ForwardOutput { logits: self.head(&h)?, taps })
     }
 
+    /// The final-normed hidden states `[B, L, H]` (what the LM head reads) and the residual
+    /// stream after the decoder layers `taps`, as [`Transformer::forward_with_taps`] computes
+    /// them, without the LM head: a drafter's training data (its teacher's last hidden state
+    /// and taps).
+    ///
+    /// # Errors
+    /// As [`Transformer::forward_with_taps`].
+    pub fn hidden_with_taps(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        taps: &[usize],
+    ) -> Result<(Array, Vec<Array>)> {
+        self.hidden(tokens, cache, taps)
+    }
+
     /// One forward over the windows of several requests, each with its own cache: for every
     /// part, logits `[1, L_i, V]` (and the hidden states after `taps`, `[1, L_i, H]` each)
     /// equal to those of [`Transformer::forward_with_taps`] of `part.tokens` on `part.cache`

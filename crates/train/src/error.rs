@@ -8,6 +8,9 @@ pub enum Error {
     /// An MLX operation failed (mlx-core's error, with MLX's message).
     #[error(transparent)]
     Mlx(#[from] mlx_core::Error),
+    /// The target failed to load or run.
+    #[error(transparent)]
+    Model(#[from] models::Error),
     /// The drafter failed to build or run (a bad checkpoint, a malformed training sequence).
     #[error(transparent)]
     Drafter(#[from] drafter::Error),

@@ -30,9 +30,12 @@
 //! # Ok(())
 //! # }
 //! ```
+pub mod distill;
 pub mod dspark;
 mod error;
+pub mod init;
 mod optim;
+pub mod run;
 mod schedule;
 
 pub use dspark::{DSparkLoss, LossTerms};

@@ -1,0 +1,222 @@
+//! A new DSpark drafter for a target: its shape, its initial weights, and checkpoints in
+//! DeepSpec's format (`config.json` + one bf16 `model.safetensors` with flat keys; port spec
+//! §1), written atomically.
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_core::io::model_dir::{StagedDir, write_json};
+use mlx_core::quant::{self, QuantSpec};
+use mlx_core::{Array, Dtype, random};
+use models::weights::Weights;
+use models::{ModelConfig, QuantizationConfig};
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+
+/// The shape of a drafter for a target (the choices `build_draft_config` leaves to a config
+/// file in DeepSpec). Attention and MLP sizes are the target's, as DeepSpec copies them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterShape {
+    /// Draft layers `L_d` (DeepSpec's released drafters: 5; here 1 by default: a cheap drafter
+    /// for the small targets a CPU runs).
+    pub layers: usize,
+    /// Tapped target layers, increasing, each below the target's last layer.
+    pub tap_layers: Vec<i64>,
+    /// γ: drafts per block (7).
+    pub block_size: usize,
+    /// Markov rank `r` (DeepSpec: 256 for V = 152k; here 64: `W2` is `[V, r]` and read every
+    /// draft step).
+    pub markov_rank: usize,
+    /// The block filler token: a row of the target's embedding that never occurs in training
+    /// sequences.
+    pub mask_token_id: u32,
+}
+
+impl DrafterShape {
+    /// The default shape for `target`: 1 layer, block 7, Markov rank 64, and up to 5 taps
+    /// spread from layer 1 to layer `L - 3` as DeepSpec's configs place them (Qwen3-4B, 36
+    /// layers: `[1, 9, 17, 25, 33]`; SmolLM2-135M, 30 layers: `[1, 7, 14, 20, 27]`).
+    pub fn for_target(target: &ModelConfig, mask_token_id: u32) -> Self {
+        DrafterShape {
+            layers: 1,
+            tap_layers: default_taps(target.num_hidden_layers),
+            block_size: 7,
+            markov_rank: 64,
+            mask_token_id,
+        }
+    }
+}
+
+/// Up to 5 increasing layers from 1 to `layers - 3` (fewer for shallow targets; never the last
+/// layer, whose output the evaluator cannot tap).
+pub fn default_taps(layers: usize) -> Vec<i64> {
+    if layers < 6 {
+        return (0..layers.saturating_sub(1).max(1).min(3) as i64).collect();
+    }
+    let (first, last) = (1.0, (layers - 3) as f64);
+    let n = 5.min(layers - 3);
+    let mut taps: Vec<i64> =
+        (0..n).map(|k| (first + (last - first) * k as f64 / (n - 1) as f64).round() as i64).collect();
+    taps.dedup();
+    taps
+}
+
+/// The DeepSpec `config.json` of a `Qwen3DSparkModel` of `shape` for `target` (port spec
+/// §1.2: the target's dimensions plus the drafter fields).
+pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
+    json!({
+        "architectures": ["Qwen3DSparkModel"],
+        "model_type": "qwen3",
+        "dtype": "bfloat16",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.kv_heads(),
+        "head_dim": target.head_dim(),
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "vocab_size": target.vocab_size,
+        "rope_parameters": {"rope_type": "default", "rope_theta": target.rope_base()},
+        "max_position_embeddings": target.max_position_embeddings.unwrap_or(8192),
+        "tie_word_embeddings": false,
+        "num_target_layers": target.num_hidden_layers,
+        "target_layer_ids": shape.tap_layers,
+        "block_size": shape.block_size,
+        "mask_token_id": shape.mask_token_id,
+        "num_anchors": 512,
+        "markov_rank": shape.markov_rank,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": true,
+        "confidence_head_with_markov": true,
+        "layer_types": vec!["full_attention"; shape.layers],
+        "initializer_range": 0.02,
+    })
+}
+
+/// The target's input embedding and LM head `[V, H]` as f32 (dequantized when stored
+/// quantized; the embedding when tied): the drafter's frozen `embed_tokens` and `lm_head`.
+///
+/// # Errors
+/// [`Error::Model`] when the target's files lack them or are malformed.
+pub fn target_embeddings(target_dir: &Path, target: &ModelConfig) -> Result<(Array, Array)> {
+    let config_path = target_dir.join("config.json");
+    let quant = QuantizationConfig::from_config(target, &config_path)?;
+    let mut weights = Weights::load(target_dir)?;
+    let mut dense = |base: &str| -> Result<Array> {
+        let w = weights.take(&format!("{base}.weight"))?;
+        match (quant.spec_for(base), weights.take_opt(&format!("{base}.scales"))) {
+            (Some(spec), Some(scales)) => {
+                let biases = weights.take(&format!("{base}.biases"))?;
+                Ok(quant::dequantize(&w, &scales, &biases, QuantSpec::new(spec.group_size, spec.bits)?)?)
+            }
+            _ => Ok(w),
+        }
+    };
+    let embed = dense("model.embed_tokens")?.astype(Dtype::Float32)?;
+    let head = if target.tied_embeddings() { embed.clone() } else { dense("lm_head")?.astype(Dtype::Float32)? };
+    Ok((embed, head))
+}
+
+/// Initial trainable weights of a drafter of `shape` (`config` from [`drafter_config`]), as
+/// transformers' `_init_weights` draws them for DeepSpec's drafters: linear and embedding
+/// weights `N(0, 0.02)`, biases 0, norm weights 1. Names are DeepSpec's.
+///
+/// # Errors
+/// [`Error::Mlx`] when drawing fails.
+pub fn initial_weights(target: &ModelConfig, shape: &DrafterShape, seed: u64) -> Result<BTreeMap<String, Array>> {
+    let (h, i, v, r) = (target.hidden_size, target.intermediate_size, target.vocab_size, shape.markov_rank);
+    let (nh, nkv, hd) = (target.num_attention_heads, target.kv_heads(), target.head_dim());
+    let mut next = 0u64;
+    let mut t = BTreeMap::new();
+    let mut normal = |name: String, rows: usize, cols: usize| -> Result<()> {
+        next += 1; // one key per tensor, in a fixed order
+        let key = random::Key::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(next));
+        let a = random::normal(&[rows as i32, cols as i32], Dtype::Float32, 0.0, 0.02, &key)?;
+        t.insert(name, a);
+        Ok(())
+    };
+    normal("fc.weight".into(), h, shape.tap_layers.len() * h)?;
+    for l in 0..shape.layers {
+        let a = format!("layers.{l}.self_attn");
+        normal(format!("{a}.q_proj.weight"), nh * hd, h)?;
+        normal(format!("{a}.k_proj.weight"), nkv * hd, h)?;
+        normal(format!("{a}.v_proj.weight"), nkv * hd, h)?;
+        normal(format!("{a}.o_proj.weight"), h, nh * hd)?;
+        let m = format!("layers.{l}.mlp");
+        normal(format!("{m}.gate_proj.weight"), i, h)?;
+        normal(format!("{m}.up_proj.weight"), i, h)?;
+        normal(format!("{m}.down_proj.weight"), h, i)?;
+    }
+    normal("markov_head.markov_w1.weight".into(), v, r)?;
+    normal("markov_head.markov_w2.weight".into(), v, r)?;
+    normal("confidence_head.proj.weight".into(), 1, h + r)?;
+    let ones = |n: usize| Array::ones(&[n as i32], Dtype::Float32);
+    t.insert("confidence_head.proj.bias".into(), Array::zeros(&[1], Dtype::Float32)?);
+    t.insert("hidden_norm.weight".into(), ones(h)?);
+    t.insert("norm.weight".into(), ones(h)?);
+    for l in 0..shape.layers {
+        t.insert(format!("layers.{l}.input_layernorm.weight"), ones(h)?);
+        t.insert(format!("layers.{l}.post_attention_layernorm.weight"), ones(h)?);
+        t.insert(format!("layers.{l}.self_attn.q_norm.weight"), ones(hd)?);
+        t.insert(format!("layers.{l}.self_attn.k_norm.weight"), ones(hd)?);
+    }
+    mlx_core::eval(&t.values().collect::<Vec<_>>())?;
+    Ok(t)
+}
+
+/// Writes a drafter checkpoint into `dir` in DeepSpec's format: `config` as `config.json` and
+/// `tensors` cast to bf16 in one `model.safetensors`, built in a staging directory beside
+/// `dir` and renamed into place (replacing an older `dir`).
+///
+/// # Errors
+/// [`Error::Mlx`] naming the file when it cannot be written.
+pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &BTreeMap<String, Array>) -> Result<()> {
+    let staged = StagedDir::create(dir, "writing")?;
+    let cast: Vec<(&str, Array)> =
+        tensors.iter().map(|(k, a)| Ok((k.as_str(), a.astype(Dtype::Bfloat16)?))).collect::<Result<_>>()?;
+    let result = write_json(&staged.path().join("config.json"), config).and_then(|_| {
+        mlx_core::io::save_safetensors(
+            staged.path().join("model.safetensors"),
+            cast.iter().map(|(k, a)| (*k, a)),
+            [("format", "pt")],
+        )
+    });
+    result.map_err(|e| e.with_paths(&|p| staged.shown(p)))?;
+    staged.commit(true)?;
+    Ok(())
+}
+
+/// Checks that `shape` fits `target`: taps inside its decoder layers and increasing, the mask
+/// token inside the vocabulary, a non-empty drafter.
+///
+/// # Errors
+/// [`Error::Config`] naming the setting.
+pub fn check_shape(target: &ModelConfig, shape: &DrafterShape) -> Result<()> {
+    let bad = |setting, message: String| Err(Error::Config { setting, message });
+    let layers = target.num_hidden_layers as i64;
+    if shape.tap_layers.is_empty()
+        || shape.tap_layers.windows(2).any(|w| w[0] >= w[1])
+        || shape.tap_layers.iter().any(|&t| t < 0 || t >= layers)
+    {
+        return bad("tap_layers", format!("{:?}: expected increasing layers in 0..{layers}", shape.tap_layers));
+    }
+    if shape.mask_token_id as usize >= target.vocab_size {
+        return bad(
+            "mask_token_id",
+            format!("{} is outside the vocabulary of {}", shape.mask_token_id, target.vocab_size),
+        );
+    }
+    if shape.layers == 0 || shape.block_size == 0 || shape.markov_rank == 0 {
+        return bad(
+            "shape",
+            format!(
+                "layers {}, block size {} and markov rank {} must be positive",
+                shape.layers, shape.block_size, shape.markov_rank
+            ),
+        );
+    }
+    Ok(())
+}

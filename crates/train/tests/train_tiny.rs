@@ -1,0 +1,125 @@
+//! A whole training run on the tiny Qwen3 target of `test-support`: self-distilled samples,
+//! teacher states, a fresh drafter, training with a checkpoint and a resume; the loss falls
+//! and the trained checkpoint (DeepSpec format, bf16) drafts for the target through the
+//! speculative executor, losslessly and with a stated acceptance.
+use std::path::Path;
+
+use drafter::Drafter;
+use mlx_core::{Dtype, KernelPolicy, io};
+use models::{GenerateParams, LoadOptions, ModelConfig, Sampler, Transformer, load_model};
+use spec::dspark::DSparkProvider;
+use spec::{DraftProvider, SpecOptions, speculative_generate};
+use train::distill::{Sample, TeacherStates, generate_samples, teacher_states};
+use train::init::{DrafterShape, drafter_config, initial_weights, target_embeddings};
+use train::run::{Run, RunSettings};
+
+fn prompts(seed: u64, n: usize) -> Vec<(String, Vec<u32>)> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n).map(|i| (format!("random:{i}"), (0..6).map(|_| rng.u32(1..250)).collect())).collect()
+}
+
+fn f32_options() -> LoadOptions {
+    LoadOptions { dtype: Some(Dtype::Float32), kernels: KernelPolicy::mlx(), ..LoadOptions::default() }
+}
+
+/// Greedy speculative decoding of `prompts` with the drafter in `dir` (blocks of 4):
+/// (tau, every output equal to plain decoding).
+fn acceptance(target: &Transformer, dir: &Path, prompts: &[(String, Vec<u32>)]) -> (f64, bool) {
+    let provider = DSparkProvider::new(Drafter::load(dir, &f32_options()).unwrap(), "trained").unwrap();
+    let params = GenerateParams { max_tokens: 32, sampler: Sampler::default(), eos: vec![] };
+    let (mut accepted, mut rounds, mut lossless) = (0, 0, true);
+    for (_, prompt) in prompts {
+        let mut source = provider.open(target, &params.sampler).unwrap();
+        let mut got = Vec::new();
+        let stats = speculative_generate(target, source.as_mut(), prompt, &params, SpecOptions::from(4), |t| {
+            got.push(t);
+            true
+        })
+        .unwrap();
+        let mut plain = Vec::new();
+        models::generate(target, prompt, &params, |t| {
+            plain.push(t);
+            true
+        })
+        .unwrap();
+        lossless &= got == plain;
+        accepted += stats.accepted;
+        rounds += stats.rounds;
+    }
+    ((accepted + rounds) as f64 / rounds.max(1) as f64, lossless)
+}
+
+fn bytes_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    io::load_safetensors(dir.join("model.safetensors"))
+        .unwrap()
+        .tensors
+        .into_iter()
+        .map(|(k, a)| (k, a.to_bytes().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target_dir = tmp.path().join("target");
+    std::fs::create_dir_all(&target_dir).unwrap();
+    test_support::dspark::write_tiny_target(&target_dir, 5, 0.3).unwrap();
+    let target = load_model(&target_dir, &f32_options()).unwrap();
+    let config = ModelConfig::from_dir(&target_dir).unwrap();
+
+    let samples: Vec<Sample> = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+    assert!(samples.iter().all(|s| s.answer_len() == 40 && s.prompt_len == 6));
+    let held_out = prompts(2, 6);
+
+    let shape = DrafterShape { block_size: 4, markov_rank: 16, ..DrafterShape::for_target(&config, 0) };
+    assert_eq!(shape.tap_layers, vec![0, 1, 2]);
+    let teacher: Vec<TeacherStates> =
+        samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
+    let (embed, head) = target_embeddings(&target_dir, &config).unwrap();
+    let mut weights = initial_weights(&config, &shape, 3).unwrap();
+    weights.insert("embed_tokens.weight".into(), embed);
+    weights.insert("lm_head.weight".into(), head);
+    let settings = RunSettings {
+        steps: 120,
+        lr: 3e-3,
+        warmup_ratio: 0.05,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        num_anchors: 16,
+        seed: 9,
+        checkpoint_every: 50,
+    };
+    let cfg = drafter_config(&config, &shape);
+    let open = |name: &str| {
+        let (work, out) = (tmp.path().join(format!("{name}-work")), tmp.path().join(name));
+        Run::open(&work, &out, cfg.clone(), weights.clone(), settings.clone()).unwrap()
+    };
+
+    // The untrained drafter drafts (almost) nothing the target accepts.
+    let fresh = open("fresh");
+    fresh.checkpoint().unwrap();
+    let (tau_before, lossless) = acceptance(&target, &tmp.path().join("fresh"), &held_out);
+    assert!(lossless);
+
+    // One run straight through; another stopped at step 70 (checkpoint at 50 and on stop),
+    // reopened from its files and finished: the same drafter, bit for bit.
+    let mut losses = Vec::new();
+    open("straight").train(&samples, &teacher, None, None, &mut |r| losses.push(r.loss)).unwrap();
+    open("resumed").train(&samples, &teacher, Some(70), None, &mut |_| {}).unwrap();
+    let mut resumed = open("resumed");
+    assert_eq!(resumed.step(), 70);
+    resumed.train(&samples, &teacher, None, None, &mut |_| {}).unwrap();
+    assert_eq!(resumed.step(), 120);
+    assert!(
+        bytes_of(&tmp.path().join("resumed")) == bytes_of(&tmp.path().join("straight")),
+        "resume changed the result"
+    );
+
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let (early, late) = (mean(&losses[..5]), mean(&losses[losses.len() - 10..]));
+    let (tau_after, lossless) = acceptance(&target, &tmp.path().join("straight"), &held_out);
+    eprintln!("loss {early:.3} -> {late:.3}; tau on held-out prompts {tau_before:.2} -> {tau_after:.2}");
+    assert!(lossless, "speculation with the trained drafter changed the output");
+    assert!(late < 0.65 * early, "the loss did not fall: {early} -> {late}");
+    assert!(tau_after >= 2.0 && tau_after > tau_before + 0.8, "tau {tau_before} -> {tau_after}");
+}
