@@ -43,7 +43,7 @@ const BUILD_ALL: &[&str] = &["check", "--workspace", "--all-targets"];
 const BUILD_BINS: &[&str] = &["build", "--workspace", "--bins"];
 
 /// Packages whose unit tests (`--lib`) run on the target.
-pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "server", "test-support"];
+pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "train", "server", "test-support"];
 
 /// Integration tests (package, test target) that compare the CPU kernels of mlx-sys with MLX's
 /// own results; they run on the target too.

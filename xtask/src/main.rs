@@ -193,6 +193,13 @@ enum Cmd {
     /// Quantize a DeepSpec drafter with the drafter policy (`mlx-spec quantize-drafter`, built
     /// in release mode): every eligible tensor but the confidence head, then a load smoke.
     QuantizeDrafter(QuantizeDrafterArgs),
+    /// Train a DSpark drafter for a target (`mlx-spec train-drafter`, built in release mode;
+    /// every argument is passed through, e.g. `--target DIR --out DIR --time-limit-minutes 60`).
+    TrainDrafter {
+        /// `mlx-spec train-drafter`'s arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Acceptance A/B of two drafters on one target at temperature 0: per arm acceptance,
     /// tau, tokens/s and acceptance by draft position, paired per prompt; PASS when B loses
     /// at most --max-drop points and is faster. Writes ab.json and ab.png.
@@ -324,6 +331,11 @@ fn dispatch(command: Cmd) -> Result<()> {
             if a.force {
                 c.arg("--force");
             }
+            run(c)
+        }
+        Cmd::TrainDrafter { args } => {
+            let mut c = cargo();
+            c.args(["run", "--release", "--quiet", "-p", "mlx-spec", "--", "train-drafter"]).args(args);
             run(c)
         }
         Cmd::Bench { which: Some(BenchWhich::Spec(args)), .. } => bench_spec(args),

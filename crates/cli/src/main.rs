@@ -20,6 +20,7 @@ mod perplexity;
 mod progress;
 mod quantize;
 mod serve;
+mod train_drafter;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,10 @@ enum Command {
     /// /v1/completions, /v1/models, /health, /metrics), speculative by default, with a
     /// prompt cache.
     Serve(ServeArgs),
+    /// Train a DSpark drafter for a target by self-distillation: the target answers a prompt
+    /// set, a new drafter learns its answers and hidden states (DeepSpec's objective), and a
+    /// DeepSpec checkpoint is written (resumable: run the same command again).
+    TrainDrafter(train_drafter::TrainDrafterArgs),
 }
 
 #[derive(Args)]
@@ -181,6 +186,7 @@ fn run() -> Result<()> {
         Command::QuantizeDrafter(args) => quantize::run_drafter(args),
         Command::Serve(args) => serve_cmd(args),
         Command::Perplexity(args) => perplexity_cmd(args),
+        Command::TrainDrafter(args) => train_drafter::run(args),
     }
 }
 

@@ -110,8 +110,16 @@ pub struct RawConfig {
     pub enable_confidence_head: bool,
     /// Whether the confidence input includes `W1[prev]`.
     pub confidence_head_with_markov: Option<bool>,
+    /// mlx-spec's extension: Sequential Temperature Scaling of the confidence head (DSpark
+    /// paper §3.2.1), one temperature per block position; the confidence of slot `k` is
+    /// `sigmoid(logit_k / T_k)`.
+    pub confidence_temperatures: Option<Vec<f64>>,
     /// Legacy exports (`DSparkDraftModel`-style) nest `mask_token_id` and `target_layer_ids` here.
     pub dflash_config: Option<Value>,
+    /// mlx-spec's extension (not in DeepSpec): the drafter drafts from `K` target tokens
+    /// only (EAGLE-3's reduced draft vocabulary), listed by the int32 tensor
+    /// `draft_vocab_ids [K]`; `lm_head` and `markov_head.markov_w2` then have `K` rows.
+    pub draft_vocab_size: Option<usize>,
     /// mlx-lm's quantization block, when the checkpoint was quantized.
     pub quantization: Option<Value>,
     /// The same block under the HF name.
@@ -167,6 +175,12 @@ pub struct DrafterConfig {
     pub confidence_head: bool,
     /// Whether its input is `[h; W1[prev]]` (else `h`).
     pub confidence_with_markov: bool,
+    /// Per-position temperatures of the confidence head (`confidence_temperatures`, fitted by
+    /// Sequential Temperature Scaling), or `None` (all 1).
+    pub confidence_temperatures: Option<Vec<f64>>,
+    /// `K` when the drafter drafts from a reduced vocabulary of `K` target tokens
+    /// (`draft_vocab_size`, mlx-spec's extension of the format), else `None` (all `V`).
+    pub draft_vocab_size: Option<usize>,
     /// The raw fields (for the quantization block and anything else).
     pub raw: RawConfig,
 }
@@ -322,6 +336,21 @@ impl DrafterConfig {
             confidence_with_markov: raw.enable_confidence_head
                 && raw.markov_rank > 0
                 && raw.confidence_head_with_markov.unwrap_or(true),
+            confidence_temperatures: match &raw.confidence_temperatures {
+                Some(t) if t.len() != block_size || t.iter().any(|&x| !(x.is_finite() && x > 0.0)) => {
+                    return Err(field(
+                        "confidence_temperatures",
+                        format!("{t:?}: expected {block_size} positive temperatures (one per block position)"),
+                    ));
+                }
+                t => t.clone(),
+            },
+            draft_vocab_size: match raw.draft_vocab_size {
+                Some(k) if k == 0 || k > vocab_size => {
+                    return Err(field("draft_vocab_size", format!("{k}: expected 1 ..= vocab_size ({vocab_size})")));
+                }
+                k => k,
+            },
             raw,
         })
     }
@@ -336,6 +365,11 @@ impl DrafterConfig {
         } else {
             self.intermediate_size
         }
+    }
+
+    /// Rows of `lm_head` and `markov_w2`: the draft vocabulary's size (`V` without one).
+    pub fn draft_vocab(&self) -> usize {
+        self.draft_vocab_size.unwrap_or(self.vocab_size)
     }
 
     /// Width of the concatenated tap features, `T * H`.

@@ -58,6 +58,9 @@ pub struct Drafter {
     markov_w1: Option<Embedding>,
     markov_w2: Option<Linear>,
     confidence: Option<Linear>,
+    /// The reduced draft vocabulary (mlx-spec's extension): target ids of the `K` rows of
+    /// `lm_head` / `markov_w2`, as int32 `[K]` and on the host, increasing.
+    draft_vocab: Option<(Array, Vec<u32>)>,
     rope: Rope,
     quantized: Vec<String>,
 }
@@ -139,13 +142,16 @@ pub struct Proposal {
     pub all_drafts: Vec<u32>,
     /// The block pass.
     pub block: BlockOutput,
-    /// Base logits `U` `[1, B, V]` (compute dtype; Gemma4: soft-capped).
+    /// Base logits `U` `[1, B, V]` (compute dtype; Gemma4: soft-capped; `-inf` off a reduced
+    /// draft vocabulary).
     pub base_logits: Array,
-    /// Markov-corrected logits `z` `[1, B, V]` (equal to `U` for DFlash).
+    /// Markov-corrected logits `z` `[1, B, V]` (equal to `U` for DFlash; `-inf` off a
+    /// reduced draft vocabulary).
     pub logits: Array,
     /// Confidence logits per block slot (f32), when the drafter has a confidence head.
     pub confidence_logits: Option<Vec<f32>>,
-    /// `sigmoid` of them: the per-position (not cumulative) confidence.
+    /// `sigmoid` of them (divided by the per-position temperatures when the checkpoint has
+    /// them): the per-position (not cumulative) confidence.
     pub confidence: Option<Vec<f32>>,
 }
 
@@ -248,10 +254,25 @@ impl Drafter {
         })?;
         let hidden_norm = w.norm("hidden_norm", h, eps)?;
         let norm = w.norm("norm", h, eps)?;
-        let lm_head = w.linear("lm_head", v, h, false)?;
+        let k = c.draft_vocab();
+        let lm_head = w.linear("lm_head", k, h, false)?;
+        let draft_vocab = match c.draft_vocab_size {
+            Some(k) => {
+                let ids = w.param("draft_vocab_ids", &[k as i32])?.astype(Dtype::Int32)?;
+                let host: Vec<u32> = ids.to_vec::<i32>()?.into_iter().map(|t| t as u32).collect();
+                if host.windows(2).any(|p| p[0] >= p[1]) || host.last().is_some_and(|&t| t as usize >= v) {
+                    return Err(Error::Invalid(format!(
+                        "{}: draft_vocab_ids must be increasing target ids below vocab_size {v}",
+                        dir.display()
+                    )));
+                }
+                Some((ids, host))
+            }
+            None => None,
+        };
         let (markov_w1, markov_w2) = if r > 0 {
             let mut mh = w.pp("markov_head");
-            (Some(mh.embedding("markov_w1", v, r)?), Some(mh.linear("markov_w2", v, r, false)?))
+            (Some(mh.embedding("markov_w1", v, r)?), Some(mh.linear("markov_w2", k, r, false)?))
         } else {
             (None, None)
         };
@@ -289,6 +310,7 @@ impl Drafter {
             markov_w1,
             markov_w2,
             confidence,
+            draft_vocab,
             rope,
             quantized,
         })
@@ -501,7 +523,8 @@ impl Drafter {
         Ok(BlockOutput { embed, layer_outputs, hidden })
     }
 
-    /// Base logits `U = lm_head(h)` (Gemma4: `tanh(U / c) * c`), `h [.., H]` -> `[.., V]`.
+    /// Base logits `U = lm_head(h)` (Gemma4: `tanh(U / c) * c`), `h [.., H]` -> `[.., K]`, over
+    /// the draft vocabulary (`K = V` without a reduced one; see [`Drafter::to_target_vocab`]).
     ///
     /// # Errors
     /// MLX failures.
@@ -514,6 +537,29 @@ impl Drafter {
             }
             None => u,
         })
+    }
+
+    /// Logits over the draft vocabulary `[.., K]` as logits over the target's `[.., V]`:
+    /// unchanged without a reduced vocabulary, else scattered to the target ids of the `K`
+    /// rows with `-inf` elsewhere (the drafter never drafts those tokens).
+    ///
+    /// # Errors
+    /// MLX failures.
+    pub fn to_target_vocab(&self, logits: &Array) -> Result<Array> {
+        let Some((ids, _)) = &self.draft_vocab else { return Ok(logits.clone()) };
+        let shape = logits.shape();
+        let mut full_shape = shape.clone();
+        *full_shape.last_mut().expect("logits have a vocabulary axis") = self.config.vocab_size as i32;
+        let full = Array::full(&full_shape, f64::NEG_INFINITY, logits.dtype())?;
+        let mut idx_shape = vec![1; shape.len()];
+        *idx_shape.last_mut().expect("non-empty") = ids.size() as i32;
+        let idx = ids.reshape(&idx_shape)?.broadcast_to(&shape)?;
+        Ok(full.put_along_axis(&idx, logits, -1)?)
+    }
+
+    /// The target ids of the draft vocabulary's rows, when the drafter has a reduced one.
+    pub fn draft_vocab_ids(&self) -> Option<&[u32]> {
+        self.draft_vocab.as_ref().map(|(_, ids)| ids.as_slice())
     }
 
     /// `W1[tokens]` `[len, r]` (gathered, then dequantized when quantized), or `None` for
@@ -561,7 +607,8 @@ impl Drafter {
     ) -> Result<Proposal> {
         let block = self.forward_block(ctx, anchor)?;
         let b = self.config.block_size as i32;
-        let u = self.base_logits(&block.hidden)?;
+        let u_draft = self.base_logits(&block.hidden)?;
+        let u = self.to_target_vocab(&u_draft)?;
         let (z, drafts) = match &self.markov_w2 {
             Some(w2) => {
                 let mut prev = anchor;
@@ -569,7 +616,8 @@ impl Drafter {
                 let mut drafts = Vec::with_capacity(b as usize);
                 for k in 0..b {
                     let w1 = self.markov_embed(&[prev])?.expect("markov_w1 exists with markov_w2");
-                    let zk = u.slice_axis(1, k, k + 1)?.squeeze(&[1])?.add(&w2.forward(&w1)?)?;
+                    let zk = u_draft.slice_axis(1, k, k + 1)?.squeeze(&[1])?.add(&w2.forward(&w1)?)?;
+                    let zk = self.to_target_vocab(&zk)?;
                     let d = sampler.sample(&zk, step + k as usize)?;
                     drafts.push(d);
                     rows.push(zk);
@@ -601,7 +649,13 @@ impl Drafter {
                     h
                 };
                 let logit = head.forward(&feats)?.astype(Dtype::Float32)?.reshape(&[-1])?;
-                let sig = logit.sigmoid()?;
+                let sig = match &self.config.confidence_temperatures {
+                    Some(t) => {
+                        let t: Vec<f32> = t.iter().map(|&x| x as f32).collect();
+                        logit.divide(&Array::from_slice(&t, &[b])?)?.sigmoid()?
+                    }
+                    None => logit.sigmoid()?,
+                };
                 mlx_core::eval(&[&logit, &sig])?;
                 (Some(logit.to_vec::<f32>()?), Some(sig.to_vec::<f32>()?))
             }

@@ -42,13 +42,17 @@ pub struct TrainingSequence<'a> {
 
 /// What [`Drafter::training_forward`] returns for `N` anchors and block size `B`.
 pub struct TrainingOutputs {
-    /// Markov-corrected draft logits `z`, `[N, B, V]` (compute dtype).
+    /// Markov-corrected draft logits `z`, `[N, B, K]` (compute dtype; `K` the draft
+    /// vocabulary, `V` without a reduced one).
     pub draft_logits: Array,
     /// Confidence logits `[N, B]` (f32), when the drafter has a confidence head.
     pub confidence_logits: Option<Array>,
-    /// The target's logits for the same positions, `[N, B, V]` (no gradient).
+    /// The target's logits for the same positions over the draft vocabulary, `[N, B, K]` (no
+    /// gradient).
     pub target_logits: Array,
-    /// Labels `x_{p_b + 1 + j}`, `[N, B]` int32 (clamped to the last position past the end).
+    /// Labels `x_{p_b + 1 + j}` as rows of the draft vocabulary, `[N, B]` int32 (clamped to the
+    /// last position past the end; 0 where the draft vocabulary lacks the token, which the
+    /// eval mask excludes).
     pub target_ids: Array,
     /// 1.0 where slot `j` of block `b` is trained on (a prefix of each block), `[N, B]` f32.
     pub eval_mask: Array,
@@ -86,7 +90,15 @@ impl Drafter {
         self.check_sequence(seq, anchors)?;
         let ids = seq.input_ids;
 
-        // Labels, the eval mask (a prefix per block) and the Markov head's teacher-forced inputs.
+        // Labels (rows of the draft vocabulary), the eval mask (a prefix per block, cut at a
+        // label the draft vocabulary lacks) and the Markov head's teacher-forced inputs.
+        let to_draft: Option<Vec<i32>> = self.draft_vocab_ids().map(|ids| {
+            let mut m = vec![-1; c.vocab_size];
+            for (row, &t) in ids.iter().enumerate() {
+                m[t as usize] = row as i32;
+            }
+            m
+        });
         let mut target_ids = Vec::with_capacity(n * b);
         let mut eval_mask = Vec::with_capacity(n * b);
         let mut prev = Vec::with_capacity(n * b);
@@ -96,8 +108,9 @@ impl Drafter {
             for j in 0..b {
                 let label = p + 1 + j;
                 let safe = label.min(l - 1);
-                alive &= label < l && seq.loss_mask[safe];
-                target_ids.push(ids[safe] as i32);
+                let row = to_draft.as_ref().map_or(ids[safe] as i32, |m| m[ids[safe] as usize]);
+                alive &= label < l && seq.loss_mask[safe] && row >= 0;
+                target_ids.push(row.max(0));
                 eval_mask.push(if alive { 1f32 } else { 0. });
                 prev.push(if j == 0 { ids[p] } else { ids[(p + j).min(l - 1)] });
                 aligned.push((safe - 1) as i32);

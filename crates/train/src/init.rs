@@ -30,6 +30,12 @@ pub struct DrafterShape {
     /// The block filler token: a row of the target's embedding that never occurs in training
     /// sequences.
     pub mask_token_id: u32,
+    /// The target ids the drafter drafts from (increasing; EAGLE-3's reduced draft vocabulary,
+    /// mlx-spec's extension of the checkpoint format), or `None` for the whole vocabulary.
+    /// Where the LM head dominates a drafter's cost (SmolLM2: 49,152 x 576 against 3.5 M
+    /// weights per draft layer), 8,192 frequent tokens make a draft call and a training step
+    /// several times cheaper.
+    pub draft_vocab: Option<Vec<u32>>,
 }
 
 impl DrafterShape {
@@ -43,8 +49,34 @@ impl DrafterShape {
             block_size: 7,
             markov_rank: 64,
             mask_token_id,
+            draft_vocab: None,
         }
     }
+
+    /// Rows of the drafter's LM head and Markov `W2`.
+    pub fn draft_vocab_len(&self, target: &ModelConfig) -> usize {
+        self.draft_vocab.as_ref().map_or(target.vocab_size, Vec::len)
+    }
+}
+
+/// The `size` tokens that occur most often in the answers of `samples` (ties: lower id first),
+/// plus `always` (e.g. EOS), as an increasing list: a draft vocabulary.
+pub fn frequent_tokens(samples: &[crate::distill::Sample], size: usize, always: &[u32]) -> Vec<u32> {
+    let mut counts = std::collections::HashMap::<u32, usize>::new();
+    for s in samples {
+        for &t in &s.ids[s.prompt_len..] {
+            *counts.entry(t).or_default() += 1;
+        }
+    }
+    let mut ranked: Vec<(u32, usize)> = counts.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut ids: Vec<u32> = always.to_vec();
+    ids.extend(
+        ranked.into_iter().map(|(t, _)| t).filter(|t| !always.contains(t)).take(size.saturating_sub(always.len())),
+    );
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Up to 5 increasing layers from 1 to `layers - 3` (fewer for shallow targets; never the last
@@ -64,7 +96,7 @@ pub fn default_taps(layers: usize) -> Vec<i64> {
 /// The DeepSpec `config.json` of a `Qwen3DSparkModel` of `shape` for `target` (port spec
 /// §1.2: the target's dimensions plus the drafter fields).
 pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
-    json!({
+    let mut c = json!({
         "architectures": ["Qwen3DSparkModel"],
         "model_type": "qwen3",
         "dtype": "bfloat16",
@@ -93,31 +125,58 @@ pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
         "confidence_head_with_markov": true,
         "layer_types": vec!["full_attention"; shape.layers],
         "initializer_range": 0.02,
-    })
+    });
+    if let Some(v) = &shape.draft_vocab {
+        c["draft_vocab_size"] = json!(v.len());
+    }
+    c
 }
 
-/// The target's input embedding and LM head `[V, H]` as f32 (dequantized when stored
-/// quantized; the embedding when tied): the drafter's frozen `embed_tokens` and `lm_head`.
+/// The weights of a new drafter of `shape` for the target in `target_dir`: the frozen
+/// `embed_tokens` and `lm_head` (the target's input embedding and LM head, f32, dequantized
+/// when stored quantized; the embedding when tied), the final `norm` initialised to the
+/// target's final norm (so that `lm_head(norm(x))` starts on the target's logit scale), and
+/// the rest from [`initial_weights`].
 ///
 /// # Errors
-/// [`Error::Model`] when the target's files lack them or are malformed.
-pub fn target_embeddings(target_dir: &Path, target: &ModelConfig) -> Result<(Array, Array)> {
+/// [`Error::Model`] when the target's files lack those tensors or are malformed.
+pub fn new_drafter_weights(
+    target_dir: &Path,
+    target: &ModelConfig,
+    shape: &DrafterShape,
+    seed: u64,
+) -> Result<BTreeMap<String, Array>> {
     let config_path = target_dir.join("config.json");
     let quant = QuantizationConfig::from_config(target, &config_path)?;
     let mut weights = Weights::load(target_dir)?;
     let mut dense = |base: &str| -> Result<Array> {
         let w = weights.take(&format!("{base}.weight"))?;
-        match (quant.spec_for(base), weights.take_opt(&format!("{base}.scales"))) {
+        let w = match (quant.spec_for(base), weights.take_opt(&format!("{base}.scales"))) {
             (Some(spec), Some(scales)) => {
                 let biases = weights.take(&format!("{base}.biases"))?;
-                Ok(quant::dequantize(&w, &scales, &biases, QuantSpec::new(spec.group_size, spec.bits)?)?)
+                quant::dequantize(&w, &scales, &biases, QuantSpec::new(spec.group_size, spec.bits)?)?
             }
-            _ => Ok(w),
-        }
+            _ => w,
+        };
+        Ok(w.astype(Dtype::Float32)?)
     };
-    let embed = dense("model.embed_tokens")?.astype(Dtype::Float32)?;
-    let head = if target.tied_embeddings() { embed.clone() } else { dense("lm_head")?.astype(Dtype::Float32)? };
-    Ok((embed, head))
+    let embed = dense("model.embed_tokens")?;
+    let head = if target.tied_embeddings() { embed.clone() } else { dense("lm_head")? };
+    let final_norm = dense("model.norm")?;
+    let mut t = initial_weights(target, shape, seed)?;
+    let head = match &shape.draft_vocab {
+        Some(ids) => {
+            let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+            let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
+            t.insert("draft_vocab_ids".into(), ids.clone());
+            head.take(&ids, 0)?
+        }
+        None => head,
+    };
+    t.insert("embed_tokens.weight".into(), embed);
+    t.insert("lm_head.weight".into(), head);
+    t.insert("norm.weight".into(), final_norm);
+    Ok(t)
 }
 
 /// Initial trainable weights of a drafter of `shape` (`config` from [`drafter_config`]), as
@@ -128,6 +187,7 @@ pub fn target_embeddings(target_dir: &Path, target: &ModelConfig) -> Result<(Arr
 /// [`Error::Mlx`] when drawing fails.
 pub fn initial_weights(target: &ModelConfig, shape: &DrafterShape, seed: u64) -> Result<BTreeMap<String, Array>> {
     let (h, i, v, r) = (target.hidden_size, target.intermediate_size, target.vocab_size, shape.markov_rank);
+    let k = shape.draft_vocab_len(target);
     let (nh, nkv, hd) = (target.num_attention_heads, target.kv_heads(), target.head_dim());
     let mut next = 0u64;
     let mut t = BTreeMap::new();
@@ -151,7 +211,7 @@ pub fn initial_weights(target: &ModelConfig, shape: &DrafterShape, seed: u64) ->
         normal(format!("{m}.down_proj.weight"), h, i)?;
     }
     normal("markov_head.markov_w1.weight".into(), v, r)?;
-    normal("markov_head.markov_w2.weight".into(), v, r)?;
+    normal("markov_head.markov_w2.weight".into(), k, r)?;
     normal("confidence_head.proj.weight".into(), 1, h + r)?;
     let ones = |n: usize| Array::ones(&[n as i32], Dtype::Float32);
     t.insert("confidence_head.proj.bias".into(), Array::zeros(&[1], Dtype::Float32)?);
@@ -168,15 +228,23 @@ pub fn initial_weights(target: &ModelConfig, shape: &DrafterShape, seed: u64) ->
 }
 
 /// Writes a drafter checkpoint into `dir` in DeepSpec's format: `config` as `config.json` and
-/// `tensors` cast to bf16 in one `model.safetensors`, built in a staging directory beside
+/// `tensors` (floating-point ones cast to bf16) in one `model.safetensors`, plus whatever `extra` writes into the
+/// directory it is given (a loss curve, a summary), all built in a staging directory beside
 /// `dir` and renamed into place (replacing an older `dir`).
 ///
 /// # Errors
-/// [`Error::Mlx`] naming the file when it cannot be written.
-pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &BTreeMap<String, Array>) -> Result<()> {
+/// [`Error::Mlx`] naming the file when it cannot be written; `extra`'s errors.
+pub fn write_checkpoint(
+    dir: &Path,
+    config: &Value,
+    tensors: &BTreeMap<String, Array>,
+    extra: &dyn Fn(&Path) -> Result<()>,
+) -> Result<()> {
     let staged = StagedDir::create(dir, "writing")?;
-    let cast: Vec<(&str, Array)> =
-        tensors.iter().map(|(k, a)| Ok((k.as_str(), a.astype(Dtype::Bfloat16)?))).collect::<Result<_>>()?;
+    let cast: Vec<(&str, Array)> = tensors
+        .iter()
+        .map(|(k, a)| Ok((k.as_str(), if a.dtype().is_float() { a.astype(Dtype::Bfloat16)? } else { a.clone() })))
+        .collect::<Result<_>>()?;
     let result = write_json(&staged.path().join("config.json"), config).and_then(|_| {
         mlx_core::io::save_safetensors(
             staged.path().join("model.safetensors"),
@@ -185,6 +253,7 @@ pub fn write_checkpoint(dir: &Path, config: &Value, tensors: &BTreeMap<String, A
         )
     });
     result.map_err(|e| e.with_paths(&|p| staged.shown(p)))?;
+    extra(staged.path())?;
     staged.commit(true)?;
     Ok(())
 }
@@ -207,6 +276,16 @@ pub fn check_shape(target: &ModelConfig, shape: &DrafterShape) -> Result<()> {
         return bad(
             "mask_token_id",
             format!("{} is outside the vocabulary of {}", shape.mask_token_id, target.vocab_size),
+        );
+    }
+    if let Some(ids) = &shape.draft_vocab
+        && (ids.is_empty()
+            || ids.windows(2).any(|w| w[0] >= w[1])
+            || ids.iter().any(|&t| t as usize >= target.vocab_size))
+    {
+        return bad(
+            "draft_vocab",
+            format!("{} ids: expected increasing target ids below {}", ids.len(), target.vocab_size),
         );
     }
     if shape.layers == 0 || shape.block_size == 0 || shape.markov_rank == 0 {

@@ -30,11 +30,13 @@
 //! # Ok(())
 //! # }
 //! ```
+pub mod calibrate;
 pub mod distill;
 pub mod dspark;
 mod error;
 pub mod init;
 mod optim;
+pub mod plot;
 pub mod run;
 mod schedule;
 

@@ -91,7 +91,9 @@ pub struct Run {
     step: u64,
 }
 
-const FROZEN: [&str; 2] = ["embed_tokens.weight", "lm_head.weight"];
+/// Weights that are not trained: the target's embedding and LM head (DeepSpec freezes both)
+/// and the draft vocabulary's ids.
+const FROZEN: [&str; 3] = ["embed_tokens.weight", "lm_head.weight", "draft_vocab_ids"];
 
 impl Run {
     /// Starts a run in `dir` (created) for the drafter `config_json` with `weights` (frozen
@@ -143,6 +145,11 @@ impl Run {
             (AdamW::new(adam, &names, &params)?, 0)
         };
         let params = opt.params()?;
+        // Steps logged after the last checkpoint of an interrupted session are redone.
+        let log = dir.join("losses.jsonl");
+        let kept = read_reports(&log, step)?;
+        let text: String = kept.iter().map(|r| serde_json::to_string(r).expect("a report serializes") + "\n").collect();
+        std::fs::write(&log, text).map_err(|e| Error::State { path: log.clone(), message: e.to_string() })?;
         Ok(Run {
             dir: dir.into(),
             out: out.into(),
@@ -157,6 +164,20 @@ impl Run {
             loss: DSparkLoss::default(),
             step,
         })
+    }
+
+    /// The reports of the steps so far (`losses.jsonl`, earlier sessions included).
+    ///
+    /// # Errors
+    /// [`Error::State`] when the log cannot be read or a line is malformed.
+    pub fn reports(&self) -> Result<Vec<StepReport>> {
+        read_reports(&self.dir.join("losses.jsonl"), self.step)
+    }
+
+    /// Sets the checkpoint's `confidence_temperatures` (Sequential Temperature Scaling; see
+    /// [`crate::calibrate`]) for the checkpoints written from now on.
+    pub fn set_confidence_temperatures(&mut self, temps: &[f64]) {
+        self.config_json["confidence_temperatures"] = serde_json::json!(temps);
     }
 
     /// Steps done so far (after a resume, those of the earlier sessions).
@@ -272,14 +293,31 @@ impl Run {
         })
     }
 
-    /// Writes the drafter checkpoint (`out`, atomically), the optimizer state and `run.json`.
+    /// Writes the drafter checkpoint (`out`, atomically, with `training.json`: the settings,
+    /// the step and the last loss, and `loss_curve.png`), the optimizer state and `run.json`.
     ///
     /// # Errors
     /// [`Error::Mlx`] / [`Error::State`] naming the file that could not be written.
     pub fn checkpoint(&self) -> Result<()> {
         let mut tensors = self.frozen.clone();
         tensors.extend(self.names.iter().cloned().zip(self.params.iter().cloned()));
-        write_checkpoint(&self.out, &self.config_json, &tensors)?;
+        let reports = self.reports()?;
+        let extra = |dir: &Path| -> Result<()> {
+            let summary = serde_json::json!({
+                "settings": self.settings,
+                "step": self.step,
+                "last": reports.last(),
+                "trainer": "mlx-spec train-drafter",
+            });
+            let path = dir.join("training.json");
+            std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("the summary serializes"))
+                .map_err(|e| Error::State { path, message: e.to_string() })?;
+            if reports.len() >= 2 {
+                crate::plot::loss_curve(&reports, &dir.join("loss_curve.png"))?;
+            }
+            Ok(())
+        };
+        write_checkpoint(&self.out, &self.config_json, &tensors, &extra)?;
         self.opt.save(&self.dir.join("optimizer.safetensors"))?;
         let state = RunState { settings: self.settings.clone(), step: self.step };
         let path = self.dir.join("run.json");
@@ -333,6 +371,26 @@ pub struct Evaluation {
     pub expected_tau: f64,
     /// Mean `c*` per block position.
     pub accept_rate: Vec<f64>,
+}
+
+/// The reports in the log `path` up to step `upto` (none when it does not exist).
+fn read_reports(path: &Path, upto: u64) -> Result<Vec<StepReport>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::State { path: path.into(), message: e.to_string() }),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        match serde_json::from_str::<StepReport>(line) {
+            Ok(r) if r.step <= upto => out.push(r),
+            Ok(_) => {}
+            // a line cut short by an interruption
+            Err(_) if i + 1 == text.lines().count() => {}
+            Err(e) => return Err(Error::State { path: path.into(), message: format!("line {}: {e}", i + 1) }),
+        }
+    }
+    Ok(out)
 }
 
 fn build(

@@ -10,7 +10,7 @@ use models::{GenerateParams, LoadOptions, ModelConfig, Sampler, Transformer, loa
 use spec::dspark::DSparkProvider;
 use spec::{DraftProvider, SpecOptions, speculative_generate};
 use train::distill::{Sample, TeacherStates, generate_samples, teacher_states};
-use train::init::{DrafterShape, drafter_config, initial_weights, target_embeddings};
+use train::init::{DrafterShape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
 
 fn prompts(seed: u64, n: usize) -> Vec<(String, Vec<u32>)> {
@@ -75,10 +75,7 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
     assert_eq!(shape.tap_layers, vec![0, 1, 2]);
     let teacher: Vec<TeacherStates> =
         samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
-    let (embed, head) = target_embeddings(&target_dir, &config).unwrap();
-    let mut weights = initial_weights(&config, &shape, 3).unwrap();
-    weights.insert("embed_tokens.weight".into(), embed);
-    weights.insert("lm_head.weight".into(), head);
+    let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
     let settings = RunSettings {
         steps: 120,
         lr: 3e-3,
@@ -122,4 +119,60 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
     assert!(lossless, "speculation with the trained drafter changed the output");
     assert!(late < 0.65 * early, "the loss did not fall: {early} -> {late}");
     assert!(tau_after >= 2.0 && tau_after > tau_before + 0.8, "tau {tau_before} -> {tau_after}");
+}
+
+/// A drafter with a reduced draft vocabulary (at most the 32 most frequent answer tokens of
+/// 256) trains and drafts losslessly; the tokens it lacks are never drafted.
+#[test]
+fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target_dir = tmp.path().join("target");
+    std::fs::create_dir_all(&target_dir).unwrap();
+    test_support::dspark::write_tiny_target(&target_dir, 5, 0.3).unwrap();
+    let target = load_model(&target_dir, &f32_options()).unwrap();
+    let config = ModelConfig::from_dir(&target_dir).unwrap();
+    let samples = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+    let vocab = frequent_tokens(&samples, 32, &[7]);
+    assert!(vocab.len() <= 32 && vocab.contains(&7) && vocab.windows(2).all(|w| w[0] < w[1]), "{vocab:?}");
+    let k = vocab.len() as i32;
+    let shape = DrafterShape {
+        block_size: 4,
+        markov_rank: 16,
+        draft_vocab: Some(vocab.clone()),
+        ..DrafterShape::for_target(&config, 0)
+    };
+    let teacher: Vec<TeacherStates> =
+        samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
+    let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
+    assert_eq!(weights["lm_head.weight"].shape(), vec![k, 64]);
+    assert_eq!(weights["markov_head.markov_w2.weight"].shape(), vec![k, 16]);
+    let settings = RunSettings {
+        steps: 120,
+        lr: 3e-3,
+        warmup_ratio: 0.05,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        num_anchors: 16,
+        seed: 9,
+        checkpoint_every: 200,
+    };
+    let out = tmp.path().join("drafter");
+    let mut run =
+        Run::open(&tmp.path().join("work"), &out, drafter_config(&config, &shape), weights, settings).unwrap();
+    let mut losses = Vec::new();
+    run.train(&samples, &teacher, None, None, &mut |r| losses.push(r.loss)).unwrap();
+    let d = Drafter::load(&out, &f32_options()).unwrap();
+    assert_eq!(d.draft_vocab_ids(), Some(vocab.as_slice()));
+    assert_eq!(d.config().draft_vocab_size, Some(vocab.len()));
+    let (tau, lossless) = acceptance(&target, &out, &prompts(2, 6));
+    eprintln!("reduced vocabulary: loss {:.3} -> {:.3}, tau {tau:.2}", losses[0], losses[losses.len() - 1]);
+    assert!(lossless);
+    assert!(tau >= 1.8, "tau {tau}");
+    // Every draft is a token of the draft vocabulary.
+    let mut ctx = d.new_context();
+    let width = d.config().feature_width() as i32;
+    d.ingest(&mut ctx, &mlx_core::Array::zeros(&[1, 3, width], Dtype::Float32).unwrap()).unwrap();
+    let p = d.propose(&mut ctx, 5, 0.0).unwrap();
+    assert!(p.all_drafts.iter().all(|t| vocab.binary_search(t).is_ok()), "{:?}", p.all_drafts);
+    assert_eq!(p.logits.shape(), vec![1, 4, 256]);
 }

@@ -1,0 +1,352 @@
+//! `mlx-spec train-drafter`: trains a DSpark drafter for a target on this machine, by
+//! self-distillation (crate `train`): the target answers a prompt set, a new drafter learns
+//! its answers and hidden states with DeepSpec's objective, and the result is a DeepSpec
+//! checkpoint that `generate --draft-model` and `quantize-drafter` take.
+//!
+//! Everything a resume needs lives in the work directory (`--work-dir`, default `OUT.work`):
+//! the samples generated so far, the optimizer state and the loss log; running the same
+//! command again continues where it stopped.
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use models::tokenizer::Tokenizer;
+use models::{ModelConfig, load_model};
+use spec::prompts::{Prompt, load_prompts};
+use train::calibrate::{ConfidenceData, fit_sts};
+use train::distill::{Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
+use train::init::{DrafterShape, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
+use train::run::{Run, RunSettings};
+
+use crate::progress::styled_bar;
+
+/// The default prompt set (`fixtures/prompts/train.jsonl`: 1,000 prompts from DeepSpec's
+/// eval sets, chat, math and code, none of those `cargo xtask bench spec` evaluates on).
+const DEFAULT_PROMPTS: &str = include_str!("../../../fixtures/prompts/train.jsonl");
+
+/// Arguments of `mlx-spec train-drafter`.
+#[derive(Args)]
+pub struct TrainDrafterArgs {
+    /// The target model directory (mlx-lm layout, llama / qwen2 / qwen3 families) [default: the
+    /// default model, SmolLM2-135M-Instruct 4-bit, fetched on first use].
+    #[arg(long, visible_alias = "model")]
+    target: Option<PathBuf>,
+    /// Where the drafter checkpoint goes (DeepSpec format: config.json, bf16 model.safetensors,
+    /// plus training.json and loss_curve.png); rewritten at every checkpoint.
+    #[arg(long)]
+    out: PathBuf,
+    /// The run's working directory (samples, optimizer state, loss log) [default: OUT.work].
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Prompt set, JSON Lines `{"prompt": "..."}` (`spec::prompts` format) [default: the
+    /// built-in set of 1,000 chat, math and code prompts].
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Prompts the target answers for training (the first ones of the set).
+    #[arg(long, default_value_t = 300)]
+    num_prompts: usize,
+    /// Prompts after those kept out of training, for the held-out evaluation.
+    #[arg(long, default_value_t = 16)]
+    held_out: usize,
+    /// Longest answer the target writes per prompt, tokens.
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Optimizer steps (one sequence each).
+    #[arg(long, default_value_t = 2000)]
+    steps: u64,
+    /// Peak learning rate (warm-up over 4% of the steps, then cosine decay).
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Blocks trained per sequence.
+    #[arg(long, default_value_t = 64)]
+    num_anchors: usize,
+    /// Draft layers.
+    #[arg(long, default_value_t = 1)]
+    layers: usize,
+    /// Drafts per block (γ).
+    #[arg(long, default_value_t = 7)]
+    block_size: usize,
+    /// Markov head rank.
+    #[arg(long, default_value_t = 64)]
+    markov_rank: usize,
+    /// Draft from the K most frequent answer tokens only (EAGLE-3's reduced draft vocabulary;
+    /// 0 = the whole vocabulary) [default: 8192 for vocabularies over 16,384 tokens, else 0].
+    #[arg(long)]
+    draft_vocab_size: Option<usize>,
+    /// Tapped target layers, comma-separated [default: up to 5 spread from layer 1 to L-3].
+    #[arg(long, value_delimiter = ',')]
+    tap_layers: Option<Vec<i64>>,
+    /// The block filler token [default: the highest special token of the tokenizer that the
+    /// chat template does not use and that is neither BOS nor EOS].
+    #[arg(long)]
+    mask_token_id: Option<u32>,
+    /// Seed of the initial weights, the sample order and the anchors.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Checkpoint every this many steps.
+    #[arg(long, default_value_t = 200)]
+    checkpoint_every: u64,
+    /// Stop (with a checkpoint) after this many minutes in all, data generation included.
+    #[arg(long)]
+    time_limit_minutes: Option<f64>,
+}
+
+/// Runs the command.
+pub fn run(a: TrainDrafterArgs) -> Result<()> {
+    let started = Instant::now();
+    let deadline = a.time_limit_minutes.map(|m| started + Duration::from_secs_f64(m * 60.0));
+    let work = a.work_dir.clone().unwrap_or_else(|| {
+        let mut name = a.out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        name.push(".work");
+        a.out.with_file_name(name)
+    });
+    std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
+    if a.steps == 0 || a.checkpoint_every == 0 || a.num_prompts == 0 {
+        bail!("--steps, --checkpoint-every and --num-prompts must be positive");
+    }
+
+    let target_dir = crate::drafting::target_dir(a.target.as_deref())?;
+    let config = ModelConfig::from_dir(&target_dir).with_context(|| format!("reading {}", target_dir.display()))?;
+    let tok = Tokenizer::from_dir(&target_dir)
+        .with_context(|| format!("loading the tokenizer of {}", target_dir.display()))?;
+    let options = crate::load_options("float32", None)?;
+    let target = load_model(&target_dir, &options).with_context(|| format!("loading {}", target_dir.display()))?;
+    if !matches!(target.family, models::Family::Llama | models::Family::Qwen2 | models::Family::Qwen3) {
+        bail!(
+            "{}: train-drafter trains drafters for llama, qwen2 and qwen3 targets (this is {:?})",
+            target_dir.display(),
+            target.family
+        );
+    }
+    let mask = match a.mask_token_id {
+        Some(m) => m,
+        None => default_mask_token(&tok, &config)?,
+    };
+    let mut shape = DrafterShape {
+        layers: a.layers,
+        block_size: a.block_size,
+        markov_rank: a.markov_rank,
+        ..DrafterShape::for_target(&config, mask)
+    };
+    if let Some(taps) = &a.tap_layers {
+        shape.tap_layers = taps.clone();
+    }
+    check_shape(&config, &shape)?;
+
+    // 1. Data: the target's answers (appended to the work directory as they come).
+    let prompts = match &a.prompts {
+        Some(p) => load_prompts(p)?,
+        None => DEFAULT_PROMPTS
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str::<Prompt>(l).context("the built-in prompt set"))
+            .collect::<Result<_>>()?,
+    };
+    if prompts.len() < a.num_prompts + a.held_out {
+        bail!(
+            "the prompt set has {} prompts; --num-prompts {} + --held-out {} need more",
+            prompts.len(),
+            a.num_prompts,
+            a.held_out
+        );
+    }
+    let eos = tok.eos_ids().to_vec();
+    let encode = |p: &Prompt| p.ids(&tok).map(|ids| (p.source.clone(), ids));
+    let train_prompts = prompts[..a.num_prompts].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
+    let held_prompts =
+        prompts[a.num_prompts..a.num_prompts + a.held_out].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
+    let samples = distil(&target, &work.join("samples.jsonl"), &train_prompts, a.max_new_tokens, &eos, deadline)?;
+    let held = distil(&target, &work.join("held_out.jsonl"), &held_prompts, a.max_new_tokens, &eos, deadline)?;
+    let tokens: usize = samples.iter().map(Sample::answer_len).sum();
+    eprintln!(
+        "data: {} samples ({} answer tokens), {} held out, in {:.1} min",
+        samples.len(),
+        tokens,
+        held.len(),
+        started.elapsed().as_secs_f64() / 60.0
+    );
+
+    // The draft vocabulary: chosen once from the samples, kept in the work directory so that a
+    // resume drafts from the same tokens.
+    let k = a.draft_vocab_size.unwrap_or(if config.vocab_size > 16_384 { 8192 } else { 0 });
+    if k > 0 && k < config.vocab_size {
+        let path = work.join("draft_vocab.json");
+        let ids: Vec<u32> = if path.exists() {
+            serde_json::from_str(&std::fs::read_to_string(&path)?)
+                .with_context(|| format!("reading {}", path.display()))?
+        } else {
+            let ids = frequent_tokens(&samples, k, &eos);
+            std::fs::write(&path, serde_json::to_string(&ids)?)?;
+            ids
+        };
+        let covered: usize =
+            samples.iter().flat_map(|s| &s.ids[s.prompt_len..]).filter(|t| ids.binary_search(t).is_ok()).count();
+        eprintln!(
+            "draft vocabulary: {} tokens, covering {:.2}% of the answer tokens",
+            ids.len(),
+            100.0 * covered as f64 / tokens.max(1) as f64
+        );
+        shape.draft_vocab = Some(ids);
+        check_shape(&config, &shape)?;
+    }
+
+    // 2. The target's states on every sample (teacher forcing).
+    let teacher = teach(&target, &samples, &shape.tap_layers, "teacher states")?;
+    let held_teacher = teach(&target, &held, &shape.tap_layers, "held-out states")?;
+
+    // 3. Train (or resume).
+    let weights = new_drafter_weights(&target_dir, &config, &shape, a.seed)?;
+    let settings = RunSettings {
+        steps: a.steps,
+        lr: a.lr,
+        warmup_ratio: 0.04,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        num_anchors: a.num_anchors,
+        seed: a.seed,
+        checkpoint_every: a.checkpoint_every,
+    };
+    let mut run = Run::open(&work, &a.out, drafter_config(&config, &shape), weights, settings)?;
+    if run.step() > 0 {
+        eprintln!("resuming at step {} of {}", run.step(), a.steps);
+    }
+    let bar = styled_bar(a.steps, 10, "{elapsed}, ETA {eta}");
+    bar.set_message("training");
+    bar.set_position(run.step());
+    run.train(&samples, &teacher, None, deadline, &mut |r| {
+        bar.set_position(r.step);
+        bar.set_message(format!("loss {:.3}", r.loss));
+        if r.step % 50 == 0 {
+            bar.suspend(|| {
+                eprintln!(
+                    "step {} loss {:.4} (ce {:.3} l1 {:.3} conf {:.3}) expected tau {:.2} lr {:.2e} grad norm {:.2} {:.0} slots/s",
+                    r.step,
+                    r.loss,
+                    r.ce,
+                    r.l1,
+                    r.confidence,
+                    r.expected_tau,
+                    r.lr,
+                    r.grad_norm,
+                    r.slots as f64 * r.step as f64 / r.elapsed_s.max(1e-9)
+                )
+            });
+        }
+    })?;
+    bar.finish_and_clear();
+
+    // 4. Held-out evaluation (teacher-forced) and the confidence head's calibration: STS fitted
+    // on one half of the held-out blocks, its ECE reported on the other half.
+    let eval = run.evaluate(&held, &held_teacher)?;
+    let data = ConfidenceData::collect(&run.drafter()?, &held, &held_teacher)?;
+    let b = shape.block_size;
+    let temps = fit_sts(&data.half(0), b);
+    let (ece_before_by_pos, ece_before) = data.half(1).ece(&vec![1.0; b], b);
+    let (ece_after_by_pos, ece_after) = data.half(1).ece(&temps, b);
+    run.set_confidence_temperatures(&temps);
+    run.checkpoint()?;
+    let fmt = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
+    let prefix = data.prefix_acceptance(b);
+    println!(
+        "{} after {} of {} steps, {:.1} min\nheld-out (teacher-forced, {} blocks): loss {:.4}, expected tau {:.2}, \
+         greedy tau {:.2}, greedy prefix acceptance by position [{}]\nconfidence ECE {:.4} -> {:.4} after STS \
+         (temperatures [{}])",
+        a.out.display(),
+        run.step(),
+        a.steps,
+        started.elapsed().as_secs_f64() / 60.0,
+        data.accepted.len(),
+        eval.loss,
+        eval.expected_tau,
+        data.greedy_tau(),
+        fmt(&prefix),
+        ece_before,
+        ece_after,
+        fmt(&temps)
+    );
+    let report = serde_json::json!({
+        "steps": run.step(),
+        "minutes": started.elapsed().as_secs_f64() / 60.0,
+        "samples": samples.len(),
+        "answer_tokens": tokens,
+        "held_out": eval,
+        "held_out_blocks": data.accepted.len(),
+        "greedy_tau": data.greedy_tau(),
+        "greedy_prefix_acceptance": prefix,
+        "confidence_temperatures": temps,
+        "ece_before": ece_before,
+        "ece_after": ece_after,
+        "ece_before_by_position": ece_before_by_pos,
+        "ece_after_by_position": ece_after_by_pos,
+    });
+    std::fs::write(work.join("held_out_eval.json"), serde_json::to_string_pretty(&report)?)?;
+    Ok(())
+}
+
+/// The samples of `prompts` already in `path`, plus the target's answers to the others
+/// (appended to `path` one by one), in prompt order; stops generating at `deadline`.
+fn distil(
+    target: &models::Transformer,
+    path: &Path,
+    prompts: &[(String, Vec<u32>)],
+    max_new: usize,
+    eos: &[u32],
+    deadline: Option<Instant>,
+) -> Result<Vec<Sample>> {
+    let have = if path.exists() { read_samples(path)? } else { Vec::new() };
+    let missing: Vec<(String, Vec<u32>)> =
+        prompts.iter().filter(|(s, _)| !have.iter().any(|h| &h.source == s)).cloned().collect();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let bar = styled_bar(prompts.len() as u64, 10, "{elapsed}, ETA {eta}");
+    bar.set_message(path.file_stem().and_then(|s| s.to_str()).unwrap_or("samples").to_string());
+    bar.set_position((prompts.len() - missing.len()) as u64);
+    let mut fresh = Vec::new();
+    for chunk in missing.chunks(1) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        fresh.extend(generate_samples(target, chunk, max_new, eos, &mut |s| {
+            bar.inc(1);
+            append_sample(&mut file, path, s)
+        })?);
+    }
+    bar.finish_and_clear();
+    let all: Vec<Sample> = have.into_iter().chain(fresh).collect();
+    Ok(prompts.iter().filter_map(|(s, _)| all.iter().find(|x| &x.source == s).cloned()).collect())
+}
+
+fn teach(target: &models::Transformer, samples: &[Sample], taps: &[i64], what: &str) -> Result<Vec<TeacherStates>> {
+    let bar = styled_bar(samples.len() as u64, 14, "{elapsed}");
+    bar.set_message(what.to_string());
+    let out = samples
+        .iter()
+        .map(|s| {
+            bar.inc(1);
+            teacher_states(target, &s.ids, taps)
+        })
+        .collect::<train::Result<Vec<_>>>()?;
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// The highest id among the tokenizer's special-looking tokens (`<...>`, no spaces) below
+/// 1,024 that the chat template never writes and that are not BOS or EOS: a row of the
+/// embedding that training sequences do not contain.
+fn default_mask_token(tok: &Tokenizer, config: &ModelConfig) -> Result<u32> {
+    let template = tok.chat_template().unwrap_or("");
+    let taken: Vec<u32> = tok.eos_ids().iter().copied().chain(tok.bos_id()).collect();
+    (0..config.vocab_size.min(1024) as u32)
+        .rev()
+        .find(|&id| {
+            tok.id_to_token(id).is_some_and(|t| {
+                t.len() > 2 && t.starts_with('<') && t.ends_with('>') && !t.contains(' ') && !template.contains(&t)
+            }) && !taken.contains(&id)
+        })
+        .ok_or_else(|| anyhow::anyhow!("no unused special token found for the block filler: pass --mask-token-id"))
+}

@@ -1,0 +1,127 @@
+//! `mlx-spec train-drafter` end to end on the tiny target of `test-support` (byte tokenizer,
+//! ChatML template): the checkpoint and its companions, the held-out report with the STS
+//! calibration, a resume that finds the work done, the drafter in `generate --draft-model`,
+//! and clear errors for bad flags and data.
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn mlx_spec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
+        .args(args)
+        .env_remove("MLX_SPEC_LOG")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run mlx-spec")
+}
+
+fn prompts(dir: &Path, n: usize) -> String {
+    let path = dir.join("prompts.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            serde_json::json!({"kind": "free", "source": format!("t:{i}"), "prompt": format!("tell me {i} things")})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn trains_resumes_calibrates_and_drafts() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, _) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
+    let target = target.to_str().unwrap();
+    let prompts = prompts(root.path(), 10);
+    let out = root.path().join("drafter");
+    let out_s = out.to_str().unwrap();
+    #[rustfmt::skip]
+    let args = [
+        "train-drafter", "--target", target, "--out", out_s, "--prompts", &prompts, "--num-prompts", "6",
+        "--held-out", "4", "--max-new-tokens", "24", "--steps", "30", "--checkpoint-every", "10",
+        "--num-anchors", "8", "--block-size", "4", "--markov-rank", "16", "--mask-token-id", "0",
+    ];
+    let run = mlx_spec(&args);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("after 30 of 30 steps") && stdout.contains("ECE"), "{stdout}");
+    for f in ["config.json", "model.safetensors", "training.json", "loss_curve.png"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "Qwen3DSparkModel");
+    assert_eq!(config["confidence_temperatures"].as_array().map(Vec::len), Some(4));
+    let work = root.path().join("drafter.work");
+    for f in
+        ["samples.jsonl", "held_out.jsonl", "run.json", "optimizer.safetensors", "losses.jsonl", "held_out_eval.json"]
+    {
+        assert!(work.join(f).is_file(), "{f} missing");
+    }
+    assert_eq!(std::fs::read_to_string(work.join("samples.jsonl")).unwrap().lines().count(), 6);
+    assert_eq!(std::fs::read_to_string(work.join("losses.jsonl")).unwrap().lines().count(), 30);
+
+    // Again: nothing left to generate or train; it evaluates and says where it stands.
+    let again = mlx_spec(&args);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("resuming at step 30"));
+    assert_eq!(std::fs::read_to_string(work.join("losses.jsonl")).unwrap().lines().count(), 30);
+
+    // The checkpoint drafts for the target.
+    let generated =
+        mlx_spec(&["generate", "--model", target, "--draft-model", out_s, "--prompt", "tell me", "--max-tokens", "16"]);
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    assert!(String::from_utf8_lossy(&generated.stderr).contains("DSpark drafter"));
+
+    // Other settings in the same work directory are refused, naming both.
+    let mut other = args.to_vec();
+    let steps = other.iter().position(|a| *a == "30").unwrap();
+    other[steps] = "40";
+    let refused = mlx_spec(&other);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("run.json") && err.contains("other settings"), "{err}");
+}
+
+#[test]
+fn bad_flags_and_data_are_named() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, _) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
+    let target = target.to_str().unwrap();
+    let prompts = prompts(root.path(), 4);
+    let out = root.path().join("d");
+    let base = ["train-drafter", "--target", target, "--out", out.to_str().unwrap(), "--prompts", &prompts];
+    let fails = |extra: &[&str], needle: &str| {
+        let r = mlx_spec(&[&base[..], extra].concat());
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(!r.status.success() && err.contains(needle), "{extra:?}: {err}");
+    };
+    fails(&["--num-prompts", "4", "--held-out", "1", "--mask-token-id", "0"], "--num-prompts 4 + --held-out 1");
+    fails(&["--num-prompts", "2", "--held-out", "1", "--tap-layers", "1,9", "--mask-token-id", "0"], "tap_layers");
+    fails(&["--num-prompts", "2", "--held-out", "1", "--mask-token-id", "999"], "mask_token_id");
+    fails(&["--num-prompts", "2", "--held-out", "1", "--steps", "0", "--mask-token-id", "0"], "--steps");
+    // The byte tokenizer has no special token to fill blocks with: the flag is asked for.
+    fails(&["--num-prompts", "2", "--held-out", "1"], "--mask-token-id");
+    std::fs::write(
+        root.path().join("bad.jsonl"),
+        "{\"prompt\": \"x\", \"kind\": \"free\", \"source\": \"a\"}\nnot json\n",
+    )
+    .unwrap();
+    let bad = root.path().join("bad.jsonl");
+    let r = mlx_spec(&[
+        "train-drafter",
+        "--target",
+        target,
+        "--out",
+        out.to_str().unwrap(),
+        "--prompts",
+        bad.to_str().unwrap(),
+        "--num-prompts",
+        "1",
+        "--held-out",
+        "1",
+        "--mask-token-id",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success() && err.contains("bad.jsonl line 2"), "{err}");
+    assert!(!out.exists(), "a failed run must not leave a checkpoint");
+}
