@@ -83,7 +83,7 @@ pub fn frequent_tokens(samples: &[crate::distill::Sample], size: usize, always: 
 /// layer, whose output the evaluator cannot tap).
 pub fn default_taps(layers: usize) -> Vec<i64> {
     if layers < 6 {
-        return (0..layers.saturating_sub(1).max(1).min(3) as i64).collect();
+        return (0..layers.saturating_sub(1).clamp(1, 3) as i64).collect();
     }
     let (first, last) = (1.0, (layers - 3) as f64);
     let n = 5.min(layers - 3);

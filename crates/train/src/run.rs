@@ -244,7 +244,7 @@ impl Run {
             writeln!(log, "{line}")
                 .map_err(|e| Error::State { path: self.dir.join("losses.jsonl"), message: e.to_string() })?;
             report(&r);
-            if self.step % self.settings.checkpoint_every == 0 {
+            if self.step.is_multiple_of(self.settings.checkpoint_every) {
                 self.checkpoint()?;
             }
         }
@@ -402,8 +402,7 @@ fn build(
 ) -> Result<Drafter> {
     let mut tensors = frozen.clone();
     tensors.extend(names.iter().cloned().zip(params.iter().cloned()));
-    let options =
-        LoadOptions { dtype: Some(mlx_core::Dtype::Float32), kernels: KernelPolicy::mlx(), ..LoadOptions::default() };
+    let options = LoadOptions { dtype: Some(mlx_core::Dtype::Float32), kernels: KernelPolicy::mlx() };
     Ok(Drafter::from_weights(config.clone(), Weights::from_tensors(dir, tensors), &options)?)
 }
 

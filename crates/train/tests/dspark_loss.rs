@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn options() -> LoadOptions {
-    LoadOptions { dtype: Some(Dtype::Float32), kernels: KernelPolicy::mlx(), ..LoadOptions::default() }
+    LoadOptions { dtype: Some(Dtype::Float32), kernels: KernelPolicy::mlx() }
 }
 
 /// The checkpoint's tensors, f32, split into trainable (in `names` order) and frozen.

@@ -19,7 +19,7 @@ fn prompts(seed: u64, n: usize) -> Vec<(String, Vec<u32>)> {
 }
 
 fn f32_options() -> LoadOptions {
-    LoadOptions { dtype: Some(Dtype::Float32), kernels: KernelPolicy::mlx(), ..LoadOptions::default() }
+    LoadOptions { dtype: Some(Dtype::Float32), kernels: KernelPolicy::mlx() }
 }
 
 /// Greedy speculative decoding of `prompts` with the drafter in `dir` (blocks of 4):
