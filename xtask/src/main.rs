@@ -143,9 +143,9 @@ struct BenchSpecArgs {
 
 #[derive(clap::Args)]
 struct AbArgs {
-    /// Target model directory.
+    /// Target model directory [default: the default model, SmolLM2-135M-Instruct 4-bit].
     #[arg(long)]
-    target: PathBuf,
+    target: Option<PathBuf>,
     /// Baseline drafter: `ngram` or a draft model directory.
     #[arg(long)]
     drafter_a: String,
@@ -167,6 +167,9 @@ struct AbArgs {
     /// Where ab.json and ab.png go.
     #[arg(long, default_value = "target/ab")]
     out: PathBuf,
+    /// Fail when B's acceptance drops by more than --max-drop (CI's gate; speed is reported).
+    #[arg(long)]
+    gate_acceptance: bool,
 }
 
 #[derive(clap::Args)]
@@ -656,10 +659,14 @@ fn ensure_smollm2_f32() -> Result<PathBuf> {
 
 fn ab(a: AbArgs) -> Result<()> {
     let out = absolute(&a.out)?;
+    let target = match &a.target {
+        Some(t) => absolute(t)?,
+        None => models::default_model::ensure_default_model(&mut |_| {})?,
+    };
     let mut c = cargo();
     c.args(["run", "--release", "--quiet", "-p", "spec", "--example", "ab", "--"])
         .arg("--target")
-        .arg(absolute(&a.target)?)
+        .arg(target)
         .arg("--drafter-a")
         .arg(if a.drafter_a == "ngram" { "ngram".into() } else { absolute(Path::new(&a.drafter_a))? })
         .arg("--drafter-b")
@@ -670,6 +677,9 @@ fn ab(a: AbArgs) -> Result<()> {
         .args(["--max-tokens", &a.max_tokens.to_string(), "--max-drop", &a.max_drop.to_string()])
         .arg("--out")
         .arg(out);
+    if a.gate_acceptance {
+        c.arg("--gate-acceptance");
+    }
     run(c)
 }
 

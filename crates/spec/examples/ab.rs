@@ -54,6 +54,10 @@ struct Args {
     /// Directory for ab.json and ab.png.
     #[arg(long, default_value = "target/ab")]
     out: PathBuf,
+    /// Exit with an error when B's acceptance drops by more than --max-drop (a gate; the
+    /// speed half of the verdict is only reported, as it moves with the machine's load).
+    #[arg(long)]
+    gate_acceptance: bool,
 }
 
 /// The provider of one arm, named `ngram` or by a directory.
@@ -110,6 +114,13 @@ fn main() -> Result<()> {
     let png = a.out.join("ab.png");
     plot(&report, &png).with_context(|| format!("plotting {}", png.display()))?;
     println!("wrote {} and {}", json.display(), png.display());
+    if a.gate_acceptance && report.acceptance_drop_points > a.max_drop {
+        anyhow::bail!(
+            "acceptance gate: B drafts {:.2} points worse than A (allowed: {})",
+            report.acceptance_drop_points,
+            a.max_drop
+        );
+    }
     Ok(())
 }
 
