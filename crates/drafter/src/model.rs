@@ -203,8 +203,8 @@ impl Drafter {
                 k_proj: Some(a.linear("k_proj", nkv * hd, h, bias)?),
                 v_proj: if c.k_eq_v { None } else { Some(a.linear("v_proj", nkv * hd, h, bias)?) },
                 o_proj: a.linear("o_proj", h, nh * hd, bias)?,
-                q_norm: Some(a.norm("q_norm", hd, eps)?),
-                k_norm: Some(a.norm("k_norm", hd, eps)?),
+                q_norm: Some(norm_as(gemma, a.norm("q_norm", hd, eps)?)),
+                k_norm: Some(norm_as(gemma, a.norm("k_norm", hd, eps)?)),
                 v_norm_eps: gemma.then_some(eps),
                 n_heads: nh as i32,
                 n_kv_heads: nkv as i32,
@@ -222,15 +222,15 @@ impl Drafter {
             layers.push(Layer {
                 attn,
                 mlp: Mlp { gate_proj, up_proj, down_proj, act },
-                input_layernorm: p.norm("input_layernorm", h, eps)?,
-                post_attention_layernorm: p.norm("post_attention_layernorm", h, eps)?,
+                input_layernorm: norm_as(gemma, p.norm("input_layernorm", h, eps)?),
+                post_attention_layernorm: norm_as(gemma, p.norm("post_attention_layernorm", h, eps)?),
                 pre_feedforward_layernorm: if gemma {
-                    Some(p.norm("pre_feedforward_layernorm", h, eps)?)
+                    Some(norm_as(gemma, p.norm("pre_feedforward_layernorm", h, eps)?))
                 } else {
                     None
                 },
                 post_feedforward_layernorm: if gemma {
-                    Some(p.norm("post_feedforward_layernorm", h, eps)?)
+                    Some(norm_as(gemma, p.norm("post_feedforward_layernorm", h, eps)?))
                 } else {
                     None
                 },
@@ -252,8 +252,8 @@ impl Drafter {
             },
             e => e,
         })?;
-        let hidden_norm = w.norm("hidden_norm", h, eps)?;
-        let norm = w.norm("norm", h, eps)?;
+        let hidden_norm = norm_as(gemma, w.norm("hidden_norm", h, eps)?);
+        let norm = norm_as(gemma, w.norm("norm", h, eps)?);
         let k = c.draft_vocab();
         let lm_head = w.linear("lm_head", k, h, false)?;
         let draft_vocab = match c.draft_vocab_size {
@@ -675,6 +675,13 @@ impl Drafter {
             confidence,
         })
     }
+}
+
+/// A Gemma4 drafter's norm scales by its weight in f32 before casting (transformers'
+/// `Gemma4RMSNorm`, which DeepSpec's Gemma4 drafter uses); Qwen3's casts first
+/// (`Qwen3RMSNorm`, as `mx.fast.rms_norm`).
+fn norm_as(gemma: bool, norm: RmsNorm) -> RmsNorm {
+    RmsNorm { weight_in_f32: gemma, ..norm }
 }
 
 impl Layer {

@@ -202,3 +202,35 @@ fn tap_mapping_matches_hidden_states() {
         close(&format!("{variant} A.ctx_feats"), &feats, g.get("A.ctx_feats").unwrap(), 0.0, 0.0);
     }
 }
+
+/// A longer session on the Gemma4 `k_eq_v` drafter (`fixtures/deepspec/gemma4/session2`:
+/// eight calls, 45 context rows at the end), each call compared with DeepSpec run in the
+/// same dtype: f32 against DeepSpec's f32 within the f32-port tolerances, bf16 against
+/// DeepSpec's own bf16 execution (not the f32 golden) within the bf16-port logit tolerance.
+#[test]
+fn gemma4_long_session_matches_deepspec_in_both_dtypes() {
+    let d = dir("gemma4/session2");
+    let g = load_safetensors(d.join("session.safetensors")).unwrap();
+    let anchors = ints(&g, "inputs.anchor");
+    for (run, dtype, t) in [("f32", Some(Dtype::Float32), F32), ("bf16", None, BF16)] {
+        let drafter = Drafter::load(&dir("gemma4/k_eq_v"), &LoadOptions { dtype, ..LoadOptions::default() }).unwrap();
+        let mut ctx = drafter.new_context();
+        let mut worst = [0f32; 3];
+        for (i, &anchor) in anchors.iter().enumerate() {
+            let x = |n: &str| g.get(&format!("{run}.{i}.{n}")).unwrap().clone();
+            drafter.ingest(&mut ctx, g.get(&format!("inputs.ctx.{i}")).unwrap()).unwrap();
+            let p = drafter.propose(&mut ctx, anchor as u32, 0.0).unwrap();
+            let label = |n: &str| format!("{run} call {i} {n}");
+            worst[0] = worst[0].max(close(&label("U"), &p.base_logits, &x("U"), t.logits, t.rtol));
+            worst[1] = worst[1].max(close(&label("z"), &p.logits, &x("z"), t.logits, t.rtol));
+            let conf = Array::from_slice(p.confidence_logits.as_ref().unwrap(), &[7]).unwrap();
+            worst[2] = worst[2].max(close(&label("confidence logit"), &conf, &x("conf"), t.logits, t.rtol));
+            let want: Vec<u32> = ints(&g, &format!("{run}.{i}.drafts")).into_iter().map(|v| v as u32).collect();
+            assert_eq!(p.all_drafts, want, "{run} call {i} drafts");
+        }
+        eprintln!(
+            "gemma4 session2 {run}: max |diff| U {:.2e}, z {:.2e}, confidence logit {:.2e}",
+            worst[0], worst[1], worst[2]
+        );
+    }
+}

@@ -111,7 +111,7 @@ fn cfg_err(dir: &std::path::Path, field: &str, message: impl Into<String>) -> Er
 /// A Gemma 3 norm: `rms_norm(x, 1 + w)`.
 fn one_plus(norm: RmsNorm) -> Result<RmsNorm> {
     let one = Array::scalar_as(1.0, norm.weight.dtype())?;
-    Ok(RmsNorm { weight: norm.weight.add(&one)?, eps: norm.eps, kernels: norm.kernels })
+    Ok(RmsNorm { weight: norm.weight.add(&one)?, ..norm })
 }
 
 /// The causal window mask `[L, T]` for keys at positions `0..T` in order and queries at

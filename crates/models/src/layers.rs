@@ -207,6 +207,10 @@ pub struct RmsNorm {
     pub eps: f32,
     /// The kernels `forward` uses.
     pub kernels: KernelPolicy,
+    /// Scale by the weight in f32 and cast afterwards (transformers' `Gemma4RMSNorm`), instead
+    /// of casting the normalized input to its dtype first and scaling in that dtype
+    /// (`mx.fast.rms_norm`, `Qwen3RMSNorm`). The same for f32 inputs.
+    pub weight_in_f32: bool,
 }
 
 impl RmsNorm {
@@ -215,6 +219,10 @@ impl RmsNorm {
     /// # Errors
     /// [`crate::Error::Mlx`] when the last axis is not `H`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if self.weight_in_f32 && x.dtype() != Dtype::Float32 {
+            let (xf, wf) = (x.astype(Dtype::Float32)?, self.weight.astype(Dtype::Float32)?);
+            return Ok(fast::rms_norm(&xf, Some(&wf), self.eps, &self.kernels)?.astype(x.dtype())?);
+        }
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps, &self.kernels)?)
     }
 }

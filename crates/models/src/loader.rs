@@ -134,6 +134,7 @@ impl<'a> Loader<'a> {
             weight: self.param(&format!("{name}.weight"), &[dim as i32])?,
             eps,
             kernels: self.ctx.kernels.clone(),
+            weight_in_f32: false,
         })
     }
 
