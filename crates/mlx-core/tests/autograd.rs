@@ -79,6 +79,15 @@ fn data(g: &io::Safetensors) -> Data {
     }
 }
 
+/// The golden's data and parameters, and the loss's gradients at them (`detach`: as
+/// [`forward`]).
+fn golden_grads(g: &io::Safetensors, detach: bool) -> (Data, Vec<Array>, Array, Vec<Array>) {
+    let d = data(g);
+    let params: Vec<Array> = NAMES.iter().map(|n| g.get(&format!("param.{n}")).unwrap().clone()).collect();
+    let (loss, grads) = autograd::value_and_grad(|p| forward(&params_map(p), &d, detach), &params).unwrap();
+    (d, params, loss, grads)
+}
+
 fn params_map(values: &[Array]) -> HashMap<&'static str, Array> {
     NAMES.iter().copied().zip(values.iter().cloned()).collect()
 }
@@ -91,9 +100,7 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn value_and_grad_matches_pytorch_on_a_transformer_block_with_the_dspark_loss() {
     let g = golden();
-    let d = data(&g);
-    let params: Vec<Array> = NAMES.iter().map(|n| g.get(&format!("param.{n}")).unwrap().clone()).collect();
-    let (loss, grads) = autograd::value_and_grad(|p| forward(&params_map(p), &d, true), &params).unwrap();
+    let (_, _, loss, grads) = golden_grads(&g, true);
     let want = g.get("loss").unwrap().to_vec::<f32>().unwrap()[0];
     let got = loss.item().unwrap() as f32;
     assert!((got - want).abs() <= 1e-5 * want.abs(), "loss {got} vs PyTorch {want}");
@@ -112,9 +119,7 @@ fn value_and_grad_matches_pytorch_on_a_transformer_block_with_the_dspark_loss() 
 #[test]
 fn gradients_match_central_differences() {
     let g = golden();
-    let d = data(&g);
-    let params: Vec<Array> = NAMES.iter().map(|n| g.get(&format!("param.{n}")).unwrap().clone()).collect();
-    let (_, grads) = autograd::value_and_grad(|p| forward(&params_map(p), &d, false), &params).unwrap();
+    let (d, params, _, grads) = golden_grads(&g, false);
     let key = random::Key::new(3);
     let keys = key.split(NAMES.len() as i32).unwrap();
     let dirs: Vec<Array> = params

@@ -58,16 +58,36 @@ fn bytes_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-#[test]
-fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
+/// The tiny target in a temporary directory and its greedy answers (40 tokens) to 24 random
+/// prompts: `(dir, target directory, target, config, samples)`.
+fn tiny_target_and_samples() -> (tempfile::TempDir, std::path::PathBuf, Transformer, ModelConfig, Vec<Sample>) {
     let tmp = tempfile::tempdir().unwrap();
     let target_dir = tmp.path().join("target");
     std::fs::create_dir_all(&target_dir).unwrap();
     test_support::dspark::write_tiny_target(&target_dir, 5, 0.3).unwrap();
     let target = load_model(&target_dir, &f32_options()).unwrap();
     let config = ModelConfig::from_dir(&target_dir).unwrap();
+    let samples = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+    (tmp, target_dir, target, config, samples)
+}
 
-    let samples: Vec<Sample> = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+/// 120 steps of one sequence and 16 blocks each at learning rate 3e-3.
+fn settings(checkpoint_every: u64) -> RunSettings {
+    RunSettings {
+        steps: 120,
+        lr: 3e-3,
+        warmup_ratio: 0.05,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        num_anchors: 16,
+        seed: 9,
+        checkpoint_every,
+    }
+}
+
+#[test]
+fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
+    let (tmp, target_dir, target, config, samples) = tiny_target_and_samples();
     assert!(samples.iter().all(|s| s.answer_len() == 40 && s.prompt_len == 6));
     let held_out = prompts(2, 6);
 
@@ -76,16 +96,7 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
     let teacher: Vec<TeacherStates> =
         samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
     let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
-    let settings = RunSettings {
-        steps: 120,
-        lr: 3e-3,
-        warmup_ratio: 0.05,
-        weight_decay: 0.0,
-        max_grad_norm: 1.0,
-        num_anchors: 16,
-        seed: 9,
-        checkpoint_every: 50,
-    };
+    let settings = settings(50);
     let cfg = drafter_config(&config, &shape);
     let open = |name: &str| {
         let (work, out) = (tmp.path().join(format!("{name}-work")), tmp.path().join(name));
@@ -125,13 +136,7 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
 /// 256) trains and drafts losslessly; the tokens it lacks are never drafted.
 #[test]
 fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
-    let tmp = tempfile::tempdir().unwrap();
-    let target_dir = tmp.path().join("target");
-    std::fs::create_dir_all(&target_dir).unwrap();
-    test_support::dspark::write_tiny_target(&target_dir, 5, 0.3).unwrap();
-    let target = load_model(&target_dir, &f32_options()).unwrap();
-    let config = ModelConfig::from_dir(&target_dir).unwrap();
-    let samples = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+    let (tmp, target_dir, target, config, samples) = tiny_target_and_samples();
     let vocab = frequent_tokens(&samples, 32, &[7]);
     assert!(vocab.len() <= 32 && vocab.contains(&7) && vocab.windows(2).all(|w| w[0] < w[1]), "{vocab:?}");
     let k = vocab.len() as i32;
@@ -146,16 +151,7 @@ fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
     let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
     assert_eq!(weights["lm_head.weight"].shape(), vec![k, 64]);
     assert_eq!(weights["markov_head.markov_w2.weight"].shape(), vec![k, 16]);
-    let settings = RunSettings {
-        steps: 120,
-        lr: 3e-3,
-        warmup_ratio: 0.05,
-        weight_decay: 0.0,
-        max_grad_norm: 1.0,
-        num_anchors: 16,
-        seed: 9,
-        checkpoint_every: 200,
-    };
+    let settings = settings(200);
     let out = tmp.path().join("drafter");
     let mut run =
         Run::open(&tmp.path().join("work"), &out, drafter_config(&config, &shape), weights, settings).unwrap();
