@@ -9,6 +9,12 @@
 //! - [`clip_grad_norm`] scales all gradients together to a maximum global L2 norm.
 //! - [`AdamW::save`] / [`AdamW::load`] write and read the whole optimizer state (master
 //!   weights, moments, step, hyper-parameters) as one safetensors file, atomically.
+//! - [`DSparkLoss`]: DeepSpec's objective on [`drafter::Drafter::training_forward`]'s outputs.
+//! - [`distill`]: the target's answers to a prompt set and its hidden states on them;
+//!   [`init`]: a drafter's shape, initial weights and DeepSpec-format checkpoints for a
+//!   target; [`run`]: a resumable training run; [`calibrate`]: Sequential Temperature Scaling
+//!   of the confidence head; [`plot`]: the loss curve. `mlx-spec train-drafter` strings them
+//!   together.
 //!
 //! Gradients come from [`mlx_core::autograd`]. A training step:
 //!
