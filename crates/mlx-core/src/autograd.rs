@@ -57,7 +57,7 @@ where
     match (out, failure) {
         (Ok(out), _) => Ok((from_list("vjp", &out.outputs)?, from_list("vjp", &out.grads)?)),
         (Err(_), Some(e)) => Err(e),
-        (Err(e), None) if e.what().contains("the differentiated function panicked") => {
+        (Err(e), None) if e.what().contains(mlx_sys::VJP_PANICKED) => {
             Err(Error::Invalid { op: "vjp", message: e.what().to_string() }.into())
         }
         (Err(e), None) => Err(Error::mlx("vjp", e).into()),

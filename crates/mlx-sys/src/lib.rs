@@ -363,13 +363,16 @@ pub struct ArrayFn {
 /// as a new one, or an error message.
 pub type ArrayClosure<'a> = dyn FnMut(&ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String> + 'a;
 
+/// The message of [`vjp`]'s error when the differentiated closure panicked.
+pub const VJP_PANICKED: &str = "the differentiated function panicked";
+
 fn call_array_fn(f: &mut ArrayFn, inputs: &ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String> {
     // SAFETY: `f.f` was made from a `&mut` closure in `vjp`, which outlives this call: the C++
     // side calls back only while `vjp_raw` runs and keeps no reference after it returns.
     let f = unsafe { &mut *f.f };
     // A panic must not unwind into C++ (cxx would abort): it becomes the call's error.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(inputs)))
-        .unwrap_or_else(|_| Err("the differentiated function panicked".to_string()))
+        .unwrap_or_else(|_| Err(VJP_PANICKED.to_string()))
 }
 
 /// `mlx::core::vjp` over a Rust closure: evaluates `f` at `primals` (traced, lazily) and

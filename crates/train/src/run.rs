@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use drafter::training::{TrainingSequence, sample_anchors};
 use drafter::{Drafter, DrafterConfig};
@@ -200,7 +200,7 @@ impl Run {
 
     /// Trains until step `until` (at most `settings.steps`; `None`: all of them) or until
     /// `deadline`, calling `report` after each step; checkpoints every `checkpoint_every`
-    /// steps and when it stops. `teacher[i]` holds the target's states on `samples[i]`.
+    /// steps and when it stops after steps the last checkpoint does not hold. `teacher[i]` holds the target's states on `samples[i]`.
     ///
     /// # Errors
     /// Those of the step, the checkpoint and the loss log.
@@ -215,11 +215,15 @@ impl Run {
         let until = until.unwrap_or(u64::MAX).min(self.settings.steps);
         let start = Instant::now();
         let seed = self.settings.seed;
+        // The sample order of an epoch, drawn once per epoch from the seed (so a resume
+        // continues the same order).
         let order = |epoch: u64| {
             let mut idx: Vec<usize> = (0..samples.len()).collect();
             idx.shuffle(&mut StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x2545_f491_4f6c_dd1d)));
             idx
         };
+        let n = samples.len() as u64;
+        let mut epoch = (self.step / n, order(self.step / n));
         let usable: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].answer_len() >= 2).collect();
         if usable.is_empty() {
             return Err(Error::Config {
@@ -232,12 +236,15 @@ impl Run {
             .append(true)
             .open(self.dir.join("losses.jsonl"))
             .map_err(|e| Error::State { path: self.dir.join("losses.jsonl"), message: e.to_string() })?;
+        let mut checkpointed = self.step;
         while self.step < until {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
-            let n = samples.len() as u64;
-            let pick = order(self.step / n)[(self.step % n) as usize];
+            if epoch.0 != self.step / n {
+                epoch = (self.step / n, order(self.step / n));
+            }
+            let pick = epoch.1[(self.step % n) as usize];
             let i = if samples[pick].answer_len() >= 2 { pick } else { usable[pick % usable.len()] };
             let r = self.one_step(&samples[i], &teacher[i], start)?;
             let line = serde_json::to_string(&r).expect("a report serializes");
@@ -246,9 +253,13 @@ impl Run {
             report(&r);
             if self.step.is_multiple_of(self.settings.checkpoint_every) {
                 self.checkpoint()?;
+                checkpointed = self.step;
             }
         }
-        self.checkpoint()
+        if checkpointed != self.step {
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 
     fn one_step(&mut self, sample: &Sample, teacher: &TeacherStates, start: Instant) -> Result<StepReport> {
@@ -404,9 +415,4 @@ fn build(
     tensors.extend(names.iter().cloned().zip(params.iter().cloned()));
     let options = LoadOptions { dtype: Some(mlx_core::Dtype::Float32), kernels: KernelPolicy::mlx() };
     Ok(Drafter::from_weights(config.clone(), Weights::from_tensors(dir, tensors), &options)?)
-}
-
-/// The time left before `deadline`, for messages.
-pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
-    deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
