@@ -15,7 +15,7 @@ use clap::Args;
 use models::tokenizer::Tokenizer;
 use models::{ModelConfig, load_model};
 use spec::prompts::{Prompt, load_prompts};
-use train::calibrate::{ConfidenceData, fit_sts};
+use train::calibrate::fit_sts;
 use train::distill::{Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
 use train::init::{DrafterShape, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
@@ -240,7 +240,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     // 4. Held-out evaluation (teacher-forced) and the confidence head's calibration: STS fitted
     // on one half of the held-out blocks, its ECE reported on the other half.
     let eval = run.evaluate(&held, &held_teacher)?;
-    let data = ConfidenceData::collect(&run.drafter()?, &held, &held_teacher)?;
+    let data = &eval.confidence;
     let b = shape.block_size;
     let temps = fit_sts(&data.half(0), b);
     let (ece_before_by_pos, ece_before) = data.half(1).ece(&vec![1.0; b], b);

@@ -7,12 +7,10 @@
 //! .. γ` in order, STS picks the temperature `T_k` (from a grid) that minimises the ECE of
 //! `prod_{i<=k} sigmoid(l_i / T_i)` against "the first `k` drafts were all accepted", holding
 //! `T_1 .. T_{k-1}` fixed. Temperature scaling keeps each position's order of confidences.
-use drafter::Drafter;
-use drafter::training::{TrainingSequence, anchor_candidates};
+use drafter::training::TrainingOutputs;
 use mlx_core::Dtype;
 
 use crate::Result;
-use crate::distill::{Sample, TeacherStates};
 
 /// Held-out confidence data: per block, the confidence logits of its trained slots and
 /// whether each slot's greedy draft (the argmax of its corrected logits, teacher-forced on
@@ -26,41 +24,32 @@ pub struct ConfidenceData {
 }
 
 impl ConfidenceData {
-    /// Runs `drafter` teacher-forced over every anchor of every sample and collects its
-    /// confidence logits and greedy acceptances.
+    /// Adds the blocks of one teacher-forced forward (all blocks of a sequence, as
+    /// [`crate::run::Run::evaluate`] runs it): each block's confidence logits over its trained
+    /// prefix, and whether each slot's greedy draft is the label.
     ///
     /// # Errors
-    /// Those of the forward; [`crate::Error::Config`] for a drafter without confidence head.
-    pub fn collect(drafter: &Drafter, samples: &[Sample], teacher: &[TeacherStates]) -> Result<Self> {
-        let mut out = ConfidenceData::default();
-        for (s, t) in samples.iter().zip(teacher) {
-            let mask = s.loss_mask();
-            let anchors = anchor_candidates(&mask);
-            if anchors.is_empty() {
+    /// [`crate::Error::Config`] for a drafter without confidence head; MLX failures.
+    pub fn add(&mut self, o: &TrainingOutputs) -> Result<()> {
+        let Some(conf) = &o.confidence_logits else {
+            let message = "the drafter has no confidence head".to_string();
+            return Err(crate::Error::Config { setting: "confidence head", message });
+        };
+        let (blocks, b) = (o.eval_mask.shape()[0] as usize, o.eval_mask.shape()[1] as usize);
+        let drafts = o.draft_logits.argmax(-1, false)?.astype(Dtype::Int32)?.to_vec::<i32>()?;
+        let labels = o.target_ids.to_vec::<i32>()?;
+        let live = o.eval_mask.to_vec::<f32>()?;
+        let logits = conf.to_vec::<f32>()?;
+        for blk in 0..blocks {
+            let r = blk * b..(blk + 1) * b;
+            let len = live[r.clone()].iter().take_while(|&&m| m > 0.5).count();
+            if len == 0 {
                 continue;
             }
-            let seq = TrainingSequence { input_ids: &s.ids, taps: &t.taps, target_hidden: &t.hidden, loss_mask: &mask };
-            let o = drafter.training_forward(&seq, &anchors)?;
-            let Some(conf) = &o.confidence_logits else {
-                let message = "the drafter has no confidence head".to_string();
-                return Err(crate::Error::Config { setting: "confidence head", message });
-            };
-            let b = o.eval_mask.shape()[1] as usize;
-            let drafts = o.draft_logits.argmax(-1, false)?.astype(Dtype::Int32)?.to_vec::<i32>()?;
-            let labels = o.target_ids.to_vec::<i32>()?;
-            let live = o.eval_mask.to_vec::<f32>()?;
-            let logits = conf.to_vec::<f32>()?;
-            for blk in 0..anchors.len() {
-                let r = blk * b..(blk + 1) * b;
-                let len = live[r.clone()].iter().take_while(|&&m| m > 0.5).count();
-                if len == 0 {
-                    continue;
-                }
-                out.logits.push(logits[r.start..r.start + len].to_vec());
-                out.accepted.push((r.start..r.start + len).map(|i| drafts[i] == labels[i]).collect());
-            }
+            self.logits.push(logits[r.start..r.start + len].to_vec());
+            self.accepted.push((r.start..r.start + len).map(|i| drafts[i] == labels[i]).collect());
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Greedy acceptance length per block, bonus included: `1 +` the number of leading slots

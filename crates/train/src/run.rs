@@ -338,9 +338,9 @@ impl Run {
             .map_err(|e| Error::State { path, message: e.to_string() })
     }
 
-    /// Teacher-forced evaluation on `samples` (all anchors of each, no gradient): the mean of
-    /// each loss term and of the expected acceptance length, and the acceptance rate per
-    /// position (DeepSpec's `accept_rate@k`).
+    /// Teacher-forced evaluation on `samples` (all anchors of each, no gradient): the mean
+    /// objective and expected acceptance length, the acceptance rate per position (DeepSpec's
+    /// `accept_rate@k`), and the confidence data of every block (for greedy tau and STS).
     ///
     /// # Errors
     /// Those of the forward.
@@ -354,7 +354,11 @@ impl Run {
                 continue;
             }
             let seq = TrainingSequence { input_ids: &s.ids, taps: &t.taps, target_hidden: &t.hidden, loss_mask: &mask };
-            let terms = self.loss.terms(&d.training_forward(&seq, &anchors)?)?;
+            let out = d.training_forward(&seq, &anchors)?;
+            let terms = self.loss.terms(&out)?;
+            if self.config.confidence_head {
+                sum.confidence.add(&out)?;
+            }
             sum.loss += terms.total.item()?;
             sum.expected_tau += terms.expected_tau.item()?;
             let rates = terms.accept_rate.to_vec::<f32>()?;
@@ -382,6 +386,10 @@ pub struct Evaluation {
     pub expected_tau: f64,
     /// Mean `c*` per block position.
     pub accept_rate: Vec<f64>,
+    /// Per block, the confidence logits and greedy acceptances (empty without a confidence
+    /// head).
+    #[serde(skip)]
+    pub confidence: crate::calibrate::ConfidenceData,
 }
 
 /// The reports in the log `path` up to step `upto` (none when it does not exist).
