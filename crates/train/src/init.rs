@@ -60,7 +60,8 @@ impl DrafterShape {
 }
 
 /// The `size` tokens that occur most often in the answers of `samples` (ties: lower id first),
-/// plus `always` (e.g. EOS), as an increasing list: a draft vocabulary.
+/// plus `always` (e.g. EOS), as an increasing list of target ids: a draft vocabulary (EAGLE-3
+/// builds its `d2t` map the same way, from token frequencies of the training data).
 pub fn frequent_tokens(samples: &[crate::distill::Sample], size: usize, always: &[u32]) -> Vec<u32> {
     let mut counts = std::collections::HashMap::<u32, usize>::new();
     for s in samples {

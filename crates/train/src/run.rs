@@ -28,7 +28,7 @@ use crate::{AdamW, AdamWConfig, DSparkLoss, Error, Result, WarmupCosine, clip_gr
 pub struct RunSettings {
     /// Optimizer steps (one sequence each).
     pub steps: u64,
-    /// Peak learning rate.
+    /// Peak learning rate (per unit of the normalized AdamW step).
     pub lr: f64,
     /// Warm-up steps as a fraction of `steps` (DeepSpec: 0.04).
     pub warmup_ratio: f64,
@@ -38,7 +38,8 @@ pub struct RunSettings {
     pub max_grad_norm: f64,
     /// Blocks sampled per sequence (DeepSpec: 512 over 4,096-token sequences).
     pub num_anchors: usize,
-    /// Seed of the sample order, the anchors and the initial weights.
+    /// Seed of the sample order and the anchors (the initial weights take theirs from
+    /// [`crate::init::new_drafter_weights`]).
     pub seed: u64,
     /// Write the drafter and the optimizer state every this many steps.
     pub checkpoint_every: u64,
