@@ -15,7 +15,7 @@ use clap::Args;
 use models::tokenizer::Tokenizer;
 use models::{ModelConfig, load_model};
 use spec::prompts::{Prompt, load_prompts};
-use train::calibrate::fit_sts;
+use train::calibrate::calibrate;
 use train::distill::{Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
 use train::init::{DrafterShape, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
@@ -238,21 +238,20 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     bar.finish_and_clear();
 
     // 4. Held-out evaluation (teacher-forced) and the confidence head's calibration: STS fitted
-    // on one half of the held-out blocks, its ECE reported on the other half.
+    // on one half of the held-out blocks, judged (and its ECE reported) on the other half, and
+    // stored only where it lowered the ECE there.
     let eval = run.evaluate(&held, &held_teacher)?;
     let data = &eval.confidence;
     let b = shape.block_size;
-    let temps = fit_sts(&data.half(0), b);
-    let (ece_before_by_pos, ece_before) = data.half(1).ece(&vec![1.0; b], b);
-    let (ece_after_by_pos, ece_after) = data.half(1).ece(&temps, b);
-    run.set_confidence_temperatures(&temps);
+    let cal = calibrate(data, b);
+    run.set_confidence_temperatures(&cal.temperatures);
     run.checkpoint()?;
     let fmt = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
     let prefix = data.prefix_acceptance(b);
     println!(
         "{} after {} of {} steps, {:.1} min\nheld-out (teacher-forced, {} blocks): loss {:.4}, expected tau {:.2}, \
-         greedy tau {:.2}, greedy prefix acceptance by position [{}]\nconfidence ECE {:.4} -> {:.4} after STS \
-         (temperatures [{}])",
+         greedy tau {:.2}, greedy prefix acceptance by position [{}]\nconfidence ECE {:.4} -> {:.4} with STS \
+         temperatures [{}]: {}",
         a.out.display(),
         run.step(),
         a.steps,
@@ -262,9 +261,10 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         eval.expected_tau,
         data.greedy_tau(),
         fmt(&prefix),
-        ece_before,
-        ece_after,
-        fmt(&temps)
+        cal.before.1,
+        cal.after.1,
+        fmt(&cal.fitted),
+        if cal.applied() { "stored" } else { "not stored (no better than none), temperatures 1" }
     );
     let report = serde_json::json!({
         "steps": run.step(),
@@ -275,11 +275,13 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "held_out_blocks": data.accepted.len(),
         "greedy_tau": data.greedy_tau(),
         "greedy_prefix_acceptance": prefix,
-        "confidence_temperatures": temps,
-        "ece_before": ece_before,
-        "ece_after": ece_after,
-        "ece_before_by_position": ece_before_by_pos,
-        "ece_after_by_position": ece_after_by_pos,
+        "confidence_temperatures": cal.temperatures,
+        "sts_fitted_temperatures": cal.fitted,
+        "sts_stored": cal.applied(),
+        "ece_before": cal.before.1,
+        "ece_after": cal.after.1,
+        "ece_before_by_position": cal.before.0,
+        "ece_after_by_position": cal.after.0,
     });
     std::fs::write(work.join("held_out_eval.json"), serde_json::to_string_pretty(&report)?)?;
     Ok(())

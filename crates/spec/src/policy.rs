@@ -573,35 +573,16 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// # Errors
 /// Target forward failures.
 pub fn calibrate(target: &Transformer, reps: usize) -> Result<CostCurve> {
-    let what = || "calibrating the target's cost curve".to_string();
-    let vocab = target.config.vocab_size.max(2) as u32;
-    let ctx: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
     let reach = target.make_cache().rollback_reach().unwrap_or(usize::MAX);
     let windows: Vec<usize> = CALIBRATION_WINDOWS.iter().copied().filter(|&w| w <= reach.saturating_add(1)).collect();
-    let fresh = |cache: &mut ModelCache| -> Result<()> {
-        *cache = target.make_cache();
-        target.prefill(&ids(&ctx[..32]).context(what)?, cache).context(what)
-    };
-    let mut cache = target.make_cache();
-    fresh(&mut cache)?;
-    let time = |w: usize, cache: &mut ModelCache| -> Result<f64> {
-        let tokens = ids(&ctx[32..32 + w]).context(what)?;
-        let t = Instant::now();
-        let logits = target.forward(&tokens, cache).context(what)?;
-        logits.eval().context(what)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        if !(cache.can_trim(w) && cache.trim(w) == w) {
-            fresh(cache)?;
-        }
-        Ok(ms)
-    };
+    let mut timer = WindowTimer::new(target)?;
     for &w in &[1, 8, 1] {
-        time(w, &mut cache)?;
+        timer.time(w)?;
     }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); windows.len()];
     for _ in 0..reps.max(1) {
         for (i, &w) in windows.iter().enumerate() {
-            samples[i].push(time(w, &mut cache)?);
+            samples[i].push(timer.time(w)?);
         }
     }
     let medians: Vec<f64> = samples
@@ -628,8 +609,69 @@ pub fn calibrate(target: &Transformer, reps: usize) -> Result<CostCurve> {
     }
     let mut curve = CostCurve::from_ms(&ms)?;
     curve.origin = "measured".into();
-    curve.pipelined = (pipelined_step_ms(target, &ctx[..32], reps)? / curve.step_ms).min(1.0);
+    curve.pipelined = (pipelined_step_ms(target, &timer.ctx[..32], reps)? / curve.step_ms).min(1.0);
     Ok(curve)
+}
+
+/// Times target forwards of `w` dummy tokens after a 32-token dummy context, each rolled back
+/// (the cache rebuilt where it cannot be).
+struct WindowTimer<'a> {
+    target: &'a Transformer,
+    ctx: Vec<u32>,
+    cache: ModelCache,
+}
+
+impl<'a> WindowTimer<'a> {
+    fn new(target: &'a Transformer) -> Result<Self> {
+        let vocab = target.config.vocab_size.max(2) as u32;
+        let ctx: Vec<u32> = (0..96u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        let mut timer = WindowTimer { target, ctx, cache: target.make_cache() };
+        timer.fresh()?;
+        Ok(timer)
+    }
+
+    fn fresh(&mut self) -> Result<()> {
+        let what = || "calibrating the target's cost curve".to_string();
+        self.cache = self.target.make_cache();
+        self.target.prefill(&ids(&self.ctx[..32]).context(what)?, &mut self.cache).context(what)
+    }
+
+    /// Wall milliseconds of one forward of `w` tokens (with the LM head over all of them).
+    fn time(&mut self, w: usize) -> Result<f64> {
+        let what = || "calibrating the target's cost curve".to_string();
+        let tokens = ids(&self.ctx[32..32 + w]).context(what)?;
+        let t = Instant::now();
+        let logits = self.target.forward(&tokens, &mut self.cache).context(what)?;
+        logits.eval().context(what)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if !(self.cache.can_trim(w) && self.cache.trim(w) == w) {
+            self.fresh()?;
+        }
+        Ok(ms)
+    }
+}
+
+/// How far a cached curve's one-token step time may be from a fresh one before the curve is
+/// measured again: a curve measured while the machine was loaded (a perplexity run beside
+/// it gave t(1) = 69.6 ms where a quiet machine takes 7, and a cost model under which
+/// drafting almost never paid) is not reused on a machine that runs at another pace.
+pub const STALE_STEP_RATIO: f64 = 1.5;
+
+/// Whether a cached curve with one-token step `cached_ms` no longer describes a machine
+/// whose step now takes `now_ms` ([`STALE_STEP_RATIO`] either way; a curve without a
+/// measured step time is never stale).
+pub fn stale(cached_ms: f64, now_ms: f64) -> bool {
+    cached_ms > 0.0 && now_ms > 0.0 && (now_ms / cached_ms > STALE_STEP_RATIO || cached_ms / now_ms > STALE_STEP_RATIO)
+}
+
+/// The median wall time of a one-token step of `target` over `reps` steps after a warm-up,
+/// milliseconds.
+fn step_ms(target: &Transformer, reps: usize) -> Result<f64> {
+    let mut timer = WindowTimer::new(target)?;
+    timer.time(1)?;
+    let mut times = (0..reps.max(1)).map(|_| timer.time(1)).collect::<Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// The wall time of one plain step run pipelined ([`models::generate::decode`], greedy),
@@ -693,7 +735,24 @@ impl CostModel {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let curve = match self.cache.as_ref().and_then(CurveCache::load) {
+        let cached = match self.cache.as_ref().and_then(CurveCache::load) {
+            Some(c) => {
+                let now = step_ms(target, 5)?;
+                if stale(c.step_ms, now) {
+                    tracing::info!(
+                        target: "spec::policy",
+                        "the cached cost curve was measured at {:.2} ms per step, the target now takes {now:.2}: \
+                         measuring it again",
+                        c.step_ms
+                    );
+                    None
+                } else {
+                    Some(c)
+                }
+            }
+            None => None,
+        };
+        let curve = match cached {
             Some(c) => c,
             None => {
                 tracing::info!(target: "spec::policy", "measuring the target's verify cost curve (first use)");
@@ -723,6 +782,13 @@ mod tests {
         let ratios: Vec<f64> = (0..=s.len()).map(|k| round_ratio(curve, s, k)).collect();
         let best = (0..ratios.len()).fold(0, |b, k| if ratios[k] > ratios[b] { k } else { b });
         if ratios[best] >= ratios[0] * (1.0 + MIN_GAIN) { best } else { 0 }
+    }
+
+    #[test]
+    fn a_cached_curve_is_stale_when_the_step_time_moved() {
+        assert!(!stale(7.0, 7.0) && !stale(7.0, 9.5) && !stale(7.0, 5.0));
+        assert!(stale(69.6, 7.0) && stale(7.0, 11.0));
+        assert!(!stale(0.0, 7.0), "a synthetic curve has no step time to compare");
     }
 
     #[test]
