@@ -264,7 +264,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         }
         return Err(e);
     }
-    report.print(a.stats_json)
+    report.print(a.stats_json, load.kernels.precision.name())
 }
 
 /// The speed ratio to plain decoding the policy's cost curve predicts for `stats`.
@@ -295,9 +295,16 @@ enum Report {
 }
 
 impl Report {
-    fn print(&self, json: bool) -> Result<()> {
+    /// Prints the statistics: as mlx_lm does, or with `json` as one JSON object on stderr
+    /// (the run's statistics plus `precision`, the quantized matmuls' arithmetic, and for
+    /// speculative runs the drafter, acceptance rule and policy).
+    fn print(&self, json: bool, precision: &str) -> Result<()> {
         match self {
-            Report::Plain(stats) if json => eprintln!("{}", serde_json::to_string(stats)?),
+            Report::Plain(stats) if json => {
+                let mut v = serde_json::to_value(stats)?;
+                v["precision"] = serde_json::json!(precision);
+                eprintln!("{v}");
+            }
             Report::Plain(stats) => {
                 eprintln!("==========");
                 eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps);
@@ -306,6 +313,7 @@ impl Report {
             }
             Report::Spec { drafter, acceptance, policy, stats } if json => {
                 let mut v = serde_json::to_value(stats)?;
+                v["precision"] = serde_json::json!(precision);
                 v["drafter"] = drafter.clone();
                 v["acceptance"] = serde_json::to_value(acceptance)?;
                 if let Some(policy) = policy {

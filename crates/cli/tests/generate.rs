@@ -62,6 +62,10 @@ fn drafting_flags_reach_the_executor() {
     assert_eq!(t.len(), 33, "{default}");
     assert_eq!(t[0], 1.0);
     assert!(default["predicted_ratio"].as_f64().unwrap() > 0.0, "{default}");
+    // The quantized matmuls' arithmetic (the environment's, f32 unless MLX_SPEC_PRECISION says).
+    let env_precision = std::env::var("MLX_SPEC_PRECISION").unwrap_or_else(|_| "f32".into());
+    assert_eq!(plain["precision"], env_precision.as_str(), "{plain}");
+    assert_eq!(default["precision"], env_precision.as_str(), "{default}");
     let (text, explicit) = run(&model, &["--draft-kind", "suffix", "--num-draft-tokens", "6"]);
     assert_eq!(text, plain_text);
     assert_eq!(explicit["num_draft_tokens"], 6);

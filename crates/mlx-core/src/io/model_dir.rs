@@ -278,7 +278,7 @@ pub fn staging_dir(parent: &Path, prefix: &str) -> std::io::Result<tempfile::Tem
     tempfile::Builder::new().prefix(&format!("{prefix}{}-", std::process::id())).tempdir_in(parent)
 }
 
-/// Removes the entries of `parent` named `<prefix><pid>-*` ([`staging_builder`]) whose
+/// Removes the entries of `parent` named `<prefix><pid>-*` ([`staging_dir`]) whose
 /// process `<pid>` no longer runs (no `/proc/<pid>`), i.e. staging directories and partial
 /// downloads of a process killed before it could clean up; returns how many. Entries of
 /// running processes (another run writing right now) are left alone. On systems without
