@@ -1,6 +1,7 @@
 //! The drafter's training forward and the DSpark loss against DeepSpec's own training code
 //! (`fixtures/deepspec/train/make_loss_golden.py`): forward outputs, loss value and the
-//! gradient of every trainable parameter, on the tiny Qwen3 DSpark checkpoint.
+//! gradient of every trainable parameter, on the tiny Qwen3 DSpark checkpoint and the two tiny
+//! Gemma4 ones (K = V and with `v_proj`).
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,13 @@ fn split_params(dir: &Path, names: &[String]) -> (Vec<Array>, BTreeMap<String, A
     let mut all: BTreeMap<String, Array> =
         file.tensors.into_iter().map(|(k, v)| (k, v.astype(Dtype::Float32).unwrap())).collect();
     let trainable = names.iter().map(|n| all.remove(n).unwrap_or_else(|| panic!("{n} in the checkpoint"))).collect();
-    assert_eq!(all.keys().collect::<Vec<_>>(), ["embed_tokens.weight", "lm_head.weight"]);
+    // frozen: the shared embedding and head, and Gemma4's layer scalars (buffers, not parameters)
+    assert!(
+        all.keys()
+            .all(|k| ["embed_tokens.weight", "lm_head.weight"].contains(&k.as_str()) || k.ends_with(".layer_scalar")),
+        "{:?}",
+        all.keys()
+    );
     (trainable, all)
 }
 
@@ -35,10 +42,26 @@ fn max_rel(got: &[f32], want: &[f32]) -> f32 {
 }
 
 #[test]
-fn forward_loss_and_gradients_match_deepspec() {
-    let golden = io::load_safetensors(fixtures().join("train/loss_golden.safetensors")).unwrap();
+fn qwen3_forward_loss_and_gradients_match_deepspec() {
+    check_golden("qwen3", "train/loss_golden.safetensors");
+}
+
+#[test]
+fn gemma4_k_eq_v_forward_loss_and_gradients_match_deepspec() {
+    check_golden("gemma4/k_eq_v", "train/loss_golden_gemma4_k_eq_v.safetensors");
+}
+
+#[test]
+fn gemma4_v_proj_forward_loss_and_gradients_match_deepspec() {
+    check_golden("gemma4/v_proj", "train/loss_golden_gemma4_v_proj.safetensors");
+}
+
+/// The golden training steps in `golden` (under `fixtures/deepspec`) of the checkpoint in
+/// `checkpoint`.
+fn check_golden(checkpoint: &str, golden: &str) {
+    let golden = io::load_safetensors(fixtures().join(golden)).unwrap();
     let meta: serde_json::Value = serde_json::from_str(&golden.metadata["golden"]).unwrap();
-    let dir = fixtures().join("qwen3");
+    let dir = fixtures().join(checkpoint);
     let config = DrafterConfig::from_dir(&dir).unwrap();
     for case in meta["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
