@@ -35,6 +35,7 @@ mod error;
 mod model;
 pub mod quant;
 pub mod training;
+mod walk;
 
 pub use config::{Architecture, DrafterConfig};
 pub use error::{Error, Result};

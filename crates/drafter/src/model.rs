@@ -12,6 +12,7 @@
 //! conf_k = sigmoid(w · [h_k; W1[prev_k]] + b)
 //! ```
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use mlx_core::fast::Rope;
 use mlx_core::{Array, Dtype, concatenate};
@@ -24,6 +25,7 @@ use models::weights::Weights;
 use models::{LoadOptions, Sampler};
 
 use crate::config::{Architecture, DrafterConfig};
+use crate::walk::HostHeads;
 use crate::{Error, Result};
 
 pub(crate) struct Layer {
@@ -63,6 +65,9 @@ pub struct Drafter {
     draft_vocab: Option<(Array, Vec<u32>)>,
     rope: Rope,
     quantized: Vec<String>,
+    /// The Markov and confidence heads on the host, for greedy f32 draft calls (built on the
+    /// first one).
+    host_heads: OnceLock<HostHeads>,
 }
 
 /// The per-request drafter state: for every draft layer, the K (after `k_norm` and RoPE)
@@ -313,6 +318,7 @@ impl Drafter {
             draft_vocab,
             rope,
             quantized,
+            host_heads: OnceLock::new(),
         })
     }
 
@@ -609,6 +615,16 @@ impl Drafter {
         let b = self.config.block_size as i32;
         let u_draft = self.base_logits(&block.hidden)?;
         let u = self.to_target_vocab(&u_draft)?;
+        if let Some(heads) = self.host_heads(sampler)? {
+            // One evaluation, then the walk and the confidence head on the host (walk.rs).
+            let ud = u_draft.astype(Dtype::Float32)?.reshape(&[b, -1])?;
+            let h = block.hidden.astype(Dtype::Float32)?.reshape(&[b, -1])?;
+            mlx_core::eval(&[&ud, &h])?;
+            let walk = heads.greedy(&ud.to_vec::<f32>()?, &h.to_vec::<f32>()?, anchor, self.draft_vocab_ids());
+            let z = Array::from_slice(&walk.logits, &[1, b, ud.shape()[1]])?.astype(self.dtype)?;
+            let z = self.to_target_vocab(&z)?;
+            return self.proposal(walk.drafts, block, u, z, walk.confidence_logits, confidence_threshold);
+        }
         let (z, drafts) = match &self.markov_w2 {
             Some(w2) => {
                 let mut prev = anchor;
@@ -617,14 +633,23 @@ impl Drafter {
                 for k in 0..b {
                     let w1 = self.markov_embed(&[prev])?.expect("markov_w1 exists with markov_w2");
                     let zk = u_draft.slice_axis(1, k, k + 1)?.squeeze(&[1])?.add(&w2.forward(&w1)?)?;
-                    let zk = self.to_target_vocab(&zk)?;
-                    let d = sampler.sample(&zk, step + k as usize)?;
+                    let d = match self.draft_vocab_ids() {
+                        // Greedy over a reduced vocabulary: the argmax of the K draft rows, as a
+                        // target id (the ids increase, so the first maximum is the one the
+                        // target-vocabulary argmax finds), without building the V-wide row.
+                        Some(ids) if sampler.is_greedy() => {
+                            ids[zk.argmax(-1, false)?.astype(Dtype::Uint32)?.reshape(&[-1])?.to_vec::<u32>()?[0]
+                                as usize]
+                        }
+                        _ => sampler.sample(&self.to_target_vocab(&zk)?, step + k as usize)?,
+                    };
                     drafts.push(d);
                     rows.push(zk);
                     prev = d;
                 }
+                // over the target vocabulary, built only if read (lazy)
                 let z = mlx_core::stack(&rows.iter().collect::<Vec<_>>(), 1)?.reshape(&[1, b, -1])?;
-                (z, drafts)
+                (self.to_target_vocab(&z)?, drafts)
             }
             None if sampler.is_greedy() => {
                 let d = u.argmax(-1, false)?.astype(Dtype::Uint32)?.reshape(&[-1])?.to_vec::<u32>()?;
@@ -637,7 +662,7 @@ impl Drafter {
                 (u.clone(), d)
             }
         };
-        let (confidence_logits, confidence) = match &self.confidence {
+        let confidence_logits = match &self.confidence {
             Some(head) => {
                 let h = block.hidden.reshape(&[b, -1])?;
                 let feats = if self.config.confidence_with_markov {
@@ -648,19 +673,32 @@ impl Drafter {
                 } else {
                     h
                 };
-                let logit = head.forward(&feats)?.astype(Dtype::Float32)?.reshape(&[-1])?;
-                let sig = match &self.config.confidence_temperatures {
-                    Some(t) => {
-                        let t: Vec<f32> = t.iter().map(|&x| x as f32).collect();
-                        logit.divide(&Array::from_slice(&t, &[b])?)?.sigmoid()?
-                    }
-                    None => logit.sigmoid()?,
-                };
-                mlx_core::eval(&[&logit, &sig])?;
-                (Some(logit.to_vec::<f32>()?), Some(sig.to_vec::<f32>()?))
+                Some(head.forward(&feats)?.astype(Dtype::Float32)?.reshape(&[-1])?.to_vec::<f32>()?)
             }
-            None => (None, None),
+            None => None,
         };
+        self.proposal(drafts, block, u, z, confidence_logits, confidence_threshold)
+    }
+
+    /// The proposal of a draft call: per-position confidences `sigmoid(logit_k / T_k)` (f32;
+    /// `T_k` the checkpoint's `confidence_temperatures`, else 1) and the drafts truncated
+    /// before the first one below `confidence_threshold` (none when it is `<= 0`).
+    fn proposal(
+        &self,
+        drafts: Vec<u32>,
+        block: BlockOutput,
+        base_logits: Array,
+        logits: Array,
+        confidence_logits: Option<Vec<f32>>,
+        confidence_threshold: f32,
+    ) -> Result<Proposal> {
+        let temps = self.config.confidence_temperatures.as_deref().unwrap_or(&[]);
+        let confidence: Option<Vec<f32>> = confidence_logits.as_ref().map(|l| {
+            l.iter()
+                .enumerate()
+                .map(|(k, &x)| 1.0 / (1.0 + (-(x / temps.get(k).map_or(1.0, |&t| t as f32))).exp()))
+                .collect()
+        });
         let keep = match (&confidence, confidence_threshold > 0.0) {
             (Some(c), true) => c.iter().position(|&p| p < confidence_threshold).unwrap_or(drafts.len()),
             _ => drafts.len(),
@@ -669,11 +707,25 @@ impl Drafter {
             drafts: drafts[..keep].to_vec(),
             all_drafts: drafts,
             block,
-            base_logits: u,
-            logits: z,
+            base_logits,
+            logits,
             confidence_logits,
             confidence,
         })
+    }
+
+    /// The host copies of the Markov and confidence heads (built on first use) when a draft
+    /// call can walk on the host: greedy, a Markov head, f32 compute (walk.rs).
+    fn host_heads(&self, sampler: &Sampler) -> Result<Option<&HostHeads>> {
+        let (Some(w1), Some(w2)) = (&self.markov_w1, &self.markov_w2) else { return Ok(None) };
+        if !sampler.is_greedy() || self.dtype != Dtype::Float32 {
+            return Ok(None);
+        }
+        if let Some(h) = self.host_heads.get() {
+            return Ok(Some(h));
+        }
+        let heads = HostHeads::new(w1, w2, self.confidence.as_ref())?;
+        Ok(Some(self.host_heads.get_or_init(|| heads)))
     }
 }
 
