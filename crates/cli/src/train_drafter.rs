@@ -102,7 +102,6 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         name.push(".work");
         a.out.with_file_name(name)
     });
-    std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
     if a.steps == 0 || a.checkpoint_every == 0 || a.num_prompts == 0 {
         bail!("--steps, --checkpoint-every and --num-prompts must be positive");
     }
@@ -157,6 +156,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     let train_prompts = prompts[..a.num_prompts].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
     let held_prompts =
         prompts[a.num_prompts..a.num_prompts + a.held_out].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
+    std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
     let samples = distil(&target, &work.join("samples.jsonl"), &train_prompts, a.max_new_tokens, &eos, deadline)?;
     let held = distil(&target, &work.join("held_out.jsonl"), &held_prompts, a.max_new_tokens, &eos, deadline)?;
     let tokens: usize = samples.iter().map(Sample::answer_len).sum();
@@ -167,6 +167,20 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         held.len(),
         started.elapsed().as_secs_f64() / 60.0
     );
+    if samples.len() < a.num_prompts || held.len() < a.held_out {
+        // The time limit ended the data generation: the draft vocabulary and the run need
+        // every answer, so nothing is chosen or trained from part of them.
+        eprintln!(
+            "the time limit ended the data generation after {} of {} answers and {} of {} held-out answers \
+             (kept in {}); run the same command again to continue",
+            samples.len(),
+            a.num_prompts,
+            held.len(),
+            a.held_out,
+            work.display()
+        );
+        return Ok(());
+    }
 
     // The draft vocabulary: chosen once from the samples, kept in the work directory so that a
     // resume drafts from the same tokens.
@@ -240,6 +254,17 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     // 4. Held-out evaluation (teacher-forced) and the confidence head's calibration: STS fitted
     // on one half of the held-out blocks, judged (and its ECE reported) on the other half, and
     // stored only where it lowered the ECE there.
+    if held.is_empty() {
+        println!(
+            "{} after {} of {} steps, {:.1} min; no held-out prompts (--held-out 0): evaluation and calibration \
+             skipped",
+            a.out.display(),
+            run.step(),
+            a.steps,
+            started.elapsed().as_secs_f64() / 60.0
+        );
+        return Ok(());
+    }
     let eval = run.evaluate(&held, &held_teacher)?;
     let data = &eval.confidence;
     let b = shape.block_size;
@@ -264,7 +289,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         cal.before.1,
         cal.after.1,
         fmt(&cal.fitted),
-        if cal.applied() { "stored" } else { "not stored (no better than none), temperatures 1" }
+        if cal.stored { "stored" } else { "not stored (no lower ECE than without them), temperatures 1" }
     );
     let report = serde_json::json!({
         "steps": run.step(),
@@ -277,7 +302,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "greedy_prefix_acceptance": prefix,
         "confidence_temperatures": cal.temperatures,
         "sts_fitted_temperatures": cal.fitted,
-        "sts_stored": cal.applied(),
+        "sts_stored": cal.stored,
         "ece_before": cal.before.1,
         "ece_after": cal.after.1,
         "ece_before_by_position": cal.before.0,

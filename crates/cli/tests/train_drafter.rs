@@ -78,7 +78,37 @@ fn trains_resumes_calibrates_and_drafts() {
     other[steps] = "40";
     let refused = mlx_spec(&other);
     let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && err.contains("run.json") && err.contains("other settings"), "{err}");
+    assert!(!refused.status.success() && err.contains("run.json") && err.contains("steps: 30 -> 40"), "{err}");
+    // So is another drafter shape: the checkpoint would claim a block size it never trained.
+    let mut other = args.to_vec();
+    let block = other.iter().position(|a| *a == "--block-size").unwrap() + 1;
+    other[block] = "5";
+    let refused = mlx_spec(&other);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("block_size: 4 -> 5"), "{err}");
+}
+
+#[test]
+fn a_time_limit_during_data_generation_chooses_and_trains_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let (target, _) = test_support::dspark::write_tiny_pair(root.path()).unwrap();
+    let prompts = prompts(root.path(), 4);
+    let out = root.path().join("d");
+    #[rustfmt::skip]
+    let args = [
+        "train-drafter", "--target", target.to_str().unwrap(), "--out", out.to_str().unwrap(), "--prompts", &prompts,
+        "--num-prompts", "2", "--held-out", "1", "--max-new-tokens", "8", "--steps", "4", "--num-anchors", "4",
+        "--block-size", "4", "--markov-rank", "8", "--mask-token-id", "0",
+    ];
+    let r = mlx_spec(&[&args[..], &["--time-limit-minutes", "0"]].concat());
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success() && err.contains("ended the data generation after 0 of 2"), "{err}");
+    let work = root.path().join("d.work");
+    assert!(!work.join("draft_vocab.json").exists() && !out.exists());
+    // Without the limit the same command generates everything and trains.
+    let r = mlx_spec(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.join("model.safetensors").is_file());
 }
 
 #[test]

@@ -25,7 +25,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use models::Sampler;
 use spec::providers::DraftKind;
@@ -351,6 +351,8 @@ pub struct EngineHandle {
     admission: Arc<Semaphore>,
     health: Arc<Mutex<Health>>,
     metrics: Arc<Metrics>,
+    /// The engine thread, taken by [`EngineHandle::finish`].
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -408,10 +410,32 @@ impl EngineHandle {
             )),
             health: Arc::new(Mutex::new(Health::Loading)),
             metrics,
+            thread: Arc::new(Mutex::new(None)),
         };
         let (health, metrics) = (handle.health.clone(), handle.metrics.clone());
-        std::thread::Builder::new().name("mlx-engine".into()).spawn(move || run(load, rx, health, metrics))?;
+        let thread =
+            std::thread::Builder::new().name("mlx-engine".into()).spawn(move || run(load, rx, health, metrics))?;
+        *handle.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
         Ok(handle)
+    }
+
+    /// Drops this handle and waits up to `wait` for the engine thread to end; `true` when it
+    /// did. Once every other handle is gone (the router's, after the server stopped), the
+    /// job channel closes, the engine's loop returns and the thread drops the backend (the
+    /// model's MLX arrays). A process that exits meanwhile races that teardown against MLX's
+    /// static destructors: `serve` once ended with SIGABRT after SIGTERM on a loaded machine.
+    pub fn finish(self, wait: Duration) -> bool {
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(self);
+        let Some(thread) = thread else { return true };
+        let deadline = Instant::now() + wait;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        thread.join().is_ok()
     }
 
     /// The engine's state.

@@ -59,7 +59,8 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting connections and waits for the open ones to finish.
+    /// Stops accepting connections, waits for the open ones to finish, then for the engine
+    /// thread to drop the model (up to 30 s; [`EngineHandle::finish`]).
     ///
     /// # Errors
     /// The server task failed.
@@ -67,7 +68,15 @@ impl Server {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        (&mut self.task).await.context("the server task")?.context("serving")
+        (&mut self.task).await.context("the server task")?.context("serving")?;
+        let engine = self.engine;
+        if !tokio::task::spawn_blocking(move || engine.finish(std::time::Duration::from_secs(30)))
+            .await
+            .unwrap_or(false)
+        {
+            tracing::warn!("the engine thread did not end within 30 s of the shutdown");
+        }
+        Ok(())
     }
 }
 

@@ -148,19 +148,14 @@ pub struct Calibration {
     /// The temperatures to store: the fitted ones when they lowered the ECE on the judging
     /// half, else all 1.
     pub temperatures: Vec<f64>,
+    /// Whether the fitted temperatures lowered the judging half's ECE (and are the ones stored).
+    pub stored: bool,
     /// The temperatures STS fitted on the fitting half.
     pub fitted: Vec<f64>,
     /// ECE on the judging half without temperatures (per position, pooled).
     pub before: (Vec<f64>, f64),
     /// ECE on the judging half with the fitted temperatures (per position, pooled).
     pub after: (Vec<f64>, f64),
-}
-
-impl Calibration {
-    /// Whether the fitted temperatures are the ones stored.
-    pub fn applied(&self) -> bool {
-        self.temperatures == self.fitted
-    }
 }
 
 /// STS fitted on one half of `data`'s blocks ([`ConfidenceData::half`] 0) and judged on the
@@ -171,8 +166,9 @@ pub fn calibrate(data: &ConfidenceData, positions: usize) -> Calibration {
     let judge = data.half(1);
     let before = judge.ece(&vec![1.0; positions], positions);
     let after = judge.ece(&fitted, positions);
-    let temperatures = if after.1 < before.1 { fitted.clone() } else { vec![1.0; positions] };
-    Calibration { temperatures, fitted, before, after }
+    let stored = after.1 < before.1;
+    let temperatures = if stored { fitted.clone() } else { vec![1.0; positions] };
+    Calibration { temperatures, stored, fitted, before, after }
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -221,7 +217,7 @@ mod tests {
         assert!(after < before / 2.0, "ECE {before} -> {after} with {temps:?}");
         assert!(temps[0] > 2.0 && temps[0] < 4.5, "{temps:?}");
         let c = calibrate(&data, 3);
-        assert!(c.applied() && c.after.1 < c.before.1, "{c:?}");
+        assert!(c.stored && c.after.1 < c.before.1 && c.temperatures == c.fitted, "{c:?}");
     }
 
     fn lcg(seed: u64) -> impl FnMut() -> f64 {
@@ -253,7 +249,7 @@ mod tests {
         // fitted on overconfident blocks, judged on calibrated ones
         let c = calibrate(&blocks(3.0, 1.0), 4);
         assert!(c.fitted[0] > 2.0, "{c:?}");
-        assert!(c.after.1 > c.before.1 && !c.applied(), "{c:?}");
+        assert!(c.after.1 > c.before.1 && !c.stored, "{c:?}");
         assert_eq!(c.temperatures, vec![1.0; 4]);
     }
 

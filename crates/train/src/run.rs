@@ -74,6 +74,32 @@ pub struct StepReport {
 struct RunState {
     settings: RunSettings,
     step: u64,
+    /// The drafter's config at the start (without calibration); absent in runs of older
+    /// builds.
+    #[serde(default)]
+    drafter: Option<serde_json::Value>,
+}
+
+/// The drafter config keys whose values differ between `a` and `b` (calibration excluded),
+/// as `key: a -> b`.
+fn config_changes(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec![format!("{a} -> {b}")] };
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| k.as_str() != "confidence_temperatures" && a.get(*k) != b.get(*k))
+        .map(|k| {
+            let show = |v: Option<&serde_json::Value>| v.map_or("(none)".to_string(), |v| v.to_string());
+            format!("{k}: {} -> {}", show(a.get(k)), show(b.get(k)))
+        })
+        .collect()
+}
+
+/// The fields of two settings that differ, as `name: a -> b`.
+fn settings_changes(a: &RunSettings, b: &RunSettings) -> Vec<String> {
+    match (serde_json::to_value(a), serde_json::to_value(b)) {
+        (Ok(a), Ok(b)) => config_changes(&a, &b),
+        _ => vec![format!("{a:?} -> {b:?}")],
+    }
 }
 
 /// A run: the drafter's config, its frozen and trainable weights, the optimizer, the data.
@@ -130,9 +156,19 @@ impl Run {
                 .map_err(|e| Error::State { path: state_path.clone(), message: e.to_string() })?;
             if state.settings != settings {
                 let message = format!(
-                    "a run with other settings is here ({:?}); resume it with those or use another --work-dir \
-                     (asked: {settings:?})",
-                    state.settings
+                    "a run with other settings is here ({}, stored -> asked); resume it with the stored ones or \
+                     use another --work-dir",
+                    settings_changes(&state.settings, &settings).join(", ")
+                );
+                return Err(Error::State { path: state_path, message });
+            }
+            let changes = state.drafter.as_ref().map(|d| config_changes(d, &config_json)).unwrap_or_default();
+            if !changes.is_empty() {
+                let message = format!(
+                    "the run here trains another drafter ({}, stored -> asked): resume it with the same --layers, \
+                     --block-size, --markov-rank, --tap-layers, --mask-token-id and draft vocabulary, or use another \
+                     --work-dir",
+                    changes.join(", ")
                 );
                 return Err(Error::State { path: state_path, message });
             }
@@ -204,7 +240,8 @@ impl Run {
     /// steps and when it stops after steps the last checkpoint does not hold. `teacher[i]` holds the target's states on `samples[i]`.
     ///
     /// # Errors
-    /// Those of the step, the checkpoint and the loss log.
+    /// [`Error::Config`] for no samples (or a teacher state count that differs); those of the
+    /// step, the checkpoint and the loss log.
     pub fn train(
         &mut self,
         samples: &[Sample],
@@ -223,6 +260,11 @@ impl Run {
             idx.shuffle(&mut StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x2545_f491_4f6c_dd1d)));
             idx
         };
+        if samples.is_empty() || samples.len() != teacher.len() {
+            let message =
+                format!("{} samples and {} teacher states; training needs samples", samples.len(), teacher.len());
+            return Err(Error::Config { setting: "samples", message });
+        }
         let n = samples.len() as u64;
         let mut epoch = (self.step / n, order(self.step / n));
         let usable: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].answer_len() >= 2).collect();
@@ -331,7 +373,11 @@ impl Run {
         };
         write_checkpoint(&self.out, &self.config_json, &tensors, &extra)?;
         self.opt.save(&self.dir.join("optimizer.safetensors"))?;
-        let state = RunState { settings: self.settings.clone(), step: self.step };
+        let mut drafter = self.config_json.clone();
+        if let Some(o) = drafter.as_object_mut() {
+            o.remove("confidence_temperatures");
+        }
+        let state = RunState { settings: self.settings.clone(), step: self.step, drafter: Some(drafter) };
         let path = self.dir.join("run.json");
         let tmp = self.dir.join(".run.json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&state).expect("the state serializes"))
