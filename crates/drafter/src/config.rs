@@ -211,8 +211,9 @@ impl DrafterConfig {
             Some("Qwen3DSparkModel") => Architecture::Qwen3,
             Some("Gemma4DSparkModel") => Architecture::Gemma4,
             other => {
+                let found = other.map_or("missing".to_string(), |a| format!("`{a}`"));
                 return Err(unsupported(format!(
-                    "architectures[0] is {other:?}; a DeepSpec drafter has `Qwen3DSparkModel` or `Gemma4DSparkModel`"
+                    "architectures[0] is {found}; a DeepSpec drafter has `Qwen3DSparkModel` or `Gemma4DSparkModel`"
                 )));
             }
         };
