@@ -122,6 +122,7 @@ impl AdamW {
             return Err(Error::Config { setting: "lr", message: format!("expected a value >= 0, found {lr}") });
         }
         self.check_like(grads, "gradient")?;
+        let grads = grads.iter().map(host_f32).collect::<Result<Vec<_>>>()?;
         self.step += 1;
         let c = self.config;
         let t = self.step as f64;
@@ -136,7 +137,6 @@ impl AdamW {
             bc2: bias_correction2_sqrt as f32,
             eps: c.eps as f32,
         };
-        let grads = grads.iter().map(host_f32).collect::<Result<Vec<_>>>()?;
         // Each parameter's values in one contiguous share per core.
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let mut shares: Vec<Vec<Share<'_>>> = (0..threads).map(|_| Vec::new()).collect();
