@@ -92,10 +92,18 @@ where
     PossibleValuesParser::new(values).map(|s| s.parse::<T>().expect("the library parses every listed value"))
 }
 
-/// The target directory: `--model`, or the default SmolLM2 (fetched on first use).
-pub(crate) fn target_dir(model: Option<&Path>) -> Result<PathBuf> {
+/// The target directory: `model` (given as `flag`, named in errors; a DeepSpec drafter is
+/// refused with a pointer to `--draft-model`), or the default SmolLM2 (fetched on first use).
+pub(crate) fn target_dir(model: Option<&Path>, flag: &str) -> Result<PathBuf> {
     if let Some(d) = model {
-        check_model_dir(d, "--model")?;
+        check_model_dir(d, flag)?;
+        if drafter::DrafterConfig::from_dir(d).is_ok() {
+            anyhow::bail!(
+                "{flag} {}: this is a DeepSpec drafter, not a target model (a drafter goes to `--draft-model`, \
+                 beside its target)",
+                d.display()
+            );
+        }
         return Ok(d.to_path_buf());
     }
     let path = models::default_model::default_model_path();

@@ -190,7 +190,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     }
     warn_slow_dtype(&a.dtype);
     let drafting = DrafterSpec::from_args(&a.drafting.to_library())?;
-    let dir = target_dir(a.model.as_deref())?;
+    let dir = target_dir(a.model.as_deref(), "--model")?;
     let model = load_model(&dir, &load).with_context(|| format!("loading {}", dir.display()))?;
     let tok = Tokenizer::from_dir(&dir)?;
     let drafter = drafting.load(DraftTarget { dir: &dir, tokenizer: &tok, load: &load })?;

@@ -125,7 +125,7 @@ pub(crate) fn perplexity_cmd(a: PerplexityArgs) -> Result<()> {
         .as_deref()
         .map(|p| load_options_for("--reference-precision", &a.dtype, Some(p)))
         .transpose()?;
-    let dir = target_dir(a.model.as_deref())?;
+    let dir = target_dir(a.model.as_deref(), "--model")?;
     let tok = Tokenizer::from_dir(&dir)?;
     let ids = tok.encode(&read_text(&a.data_path)?, false)?;
     let mut sequences: Vec<&[u32]> = ids.chunks_exact(a.sequence_length).collect();

@@ -82,7 +82,7 @@ pub(crate) fn serve_cmd(a: ServeArgs) -> Result<()> {
     if a.max_batch == Some(0) {
         bail!("--max-batch 0: expected at least 1 (1 runs one request at a time)");
     }
-    let model_dir = target_dir(a.model.as_deref())?;
+    let model_dir = target_dir(a.model.as_deref(), "--model")?;
     let config = ServeConfig {
         host: a.host,
         port: a.port,

@@ -106,7 +106,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         bail!("--steps, --checkpoint-every and --num-prompts must be positive");
     }
 
-    let target_dir = crate::drafting::target_dir(a.target.as_deref())?;
+    let target_dir = crate::drafting::target_dir(a.target.as_deref(), "--target")?;
     let config = ModelConfig::from_dir(&target_dir).with_context(|| format!("reading {}", target_dir.display()))?;
     let tok = Tokenizer::from_dir(&target_dir)
         .with_context(|| format!("loading the tokenizer of {}", target_dir.display()))?;

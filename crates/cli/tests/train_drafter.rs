@@ -71,6 +71,10 @@ fn trains_resumes_calibrates_and_drafts() {
         mlx_spec(&["generate", "--model", target, "--draft-model", out_s, "--prompt", "tell me", "--max-tokens", "16"]);
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
     assert!(String::from_utf8_lossy(&generated.stderr).contains("DSpark drafter"));
+    // The drafter given as the target is named for what it is.
+    let wrong = mlx_spec(&["generate", "--model", out_s, "--prompt", "tell me", "--max-tokens", "2"]);
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && err.contains("is a DeepSpec drafter") && err.contains("--draft-model"), "{err}");
 
     // Other settings in the same work directory are refused, naming both.
     let mut other = args.to_vec();
