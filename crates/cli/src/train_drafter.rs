@@ -15,8 +15,9 @@ use clap::Args;
 use models::tokenizer::Tokenizer;
 use models::{ModelConfig, load_model};
 use spec::prompts::{Prompt, load_prompts};
+use spec::providers::{DraftTarget, DrafterSpec, SuffixSpec};
 use train::calibrate::calibrate;
-use train::distill::{Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
+use train::distill::{Answering, Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
 use train::init::{DrafterShape, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
 
@@ -53,6 +54,10 @@ pub struct TrainDrafterArgs {
     /// Longest answer the target writes per prompt, tokens.
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
+    /// Prompts the target answers at once (continuous batching with the default suffix
+    /// drafter; every answer is still plain greedy decoding's). 1: one after the other.
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
     /// Optimizer steps (one sequence each).
     #[arg(long, default_value_t = 2000)]
     steps: u64,
@@ -102,8 +107,8 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         name.push(".work");
         a.out.with_file_name(name)
     });
-    if a.steps == 0 || a.checkpoint_every == 0 || a.num_prompts == 0 {
-        bail!("--steps, --checkpoint-every and --num-prompts must be positive");
+    if a.steps == 0 || a.checkpoint_every == 0 || a.num_prompts == 0 || a.max_batch == 0 {
+        bail!("--steps, --checkpoint-every, --num-prompts and --max-batch must be positive");
     }
 
     let target_dir = crate::drafting::target_dir(a.target.as_deref(), "--target")?;
@@ -157,8 +162,17 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     let held_prompts =
         prompts[a.num_prompts..a.num_prompts + a.held_out].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
-    let samples = distil(&target, &work.join("samples.jsonl"), &train_prompts, a.max_new_tokens, &eos, deadline)?;
-    let held = distil(&target, &work.join("held_out.jsonl"), &held_prompts, a.max_new_tokens, &eos, deadline)?;
+    let drafts = DrafterSpec::Suffix(SuffixSpec::default())
+        .load(DraftTarget { dir: &target_dir, tokenizer: &tok, load: &options })?
+        .expect("the suffix drafter is a drafter");
+    let how = Answering {
+        drafts: &*drafts.provider,
+        num_draft_tokens: drafts.num_draft_tokens,
+        max_batch: a.max_batch,
+        deadline,
+    };
+    let samples = distil(&target, &work.join("samples.jsonl"), &train_prompts, a.max_new_tokens, &eos, &how)?;
+    let held = distil(&target, &work.join("held_out.jsonl"), &held_prompts, a.max_new_tokens, &eos, &how)?;
     let tokens: usize = samples.iter().map(Sample::answer_len).sum();
     eprintln!(
         "data: {} samples ({} answer tokens), {} held out, in {:.1} min",
@@ -313,14 +327,14 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
 }
 
 /// The samples of `prompts` already in `path`, plus the target's answers to the others
-/// (appended to `path` one by one), in prompt order; stops generating at `deadline`.
+/// (appended to `path` as they finish), in prompt order; stops generating at `how.deadline`.
 fn distil(
     target: &models::Transformer,
     path: &Path,
     prompts: &[(String, Vec<u32>)],
     max_new: usize,
     eos: &[u32],
-    deadline: Option<Instant>,
+    how: &Answering<'_>,
 ) -> Result<Vec<Sample>> {
     let have = if path.exists() { read_samples(path)? } else { Vec::new() };
     let missing: Vec<(String, Vec<u32>)> =
@@ -333,16 +347,10 @@ fn distil(
     let bar = styled_bar(prompts.len() as u64, 10, "{elapsed}, ETA {eta}");
     bar.set_message(path.file_stem().and_then(|s| s.to_str()).unwrap_or("samples").to_string());
     bar.set_position((prompts.len() - missing.len()) as u64);
-    let mut fresh = Vec::new();
-    for chunk in missing.chunks(1) {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        fresh.extend(generate_samples(target, chunk, max_new, eos, &mut |s| {
-            bar.inc(1);
-            append_sample(&mut file, path, s)
-        })?);
-    }
+    let fresh = generate_samples(target, &missing, max_new, eos, how, &mut |s| {
+        bar.inc(1);
+        append_sample(&mut file, path, s)
+    })?;
     bar.finish_and_clear();
     let all: Vec<Sample> = have.into_iter().chain(fresh).collect();
     Ok(prompts.iter().filter_map(|(s, _)| all.iter().find(|x| &x.source == s).cloned()).collect())

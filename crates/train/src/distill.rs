@@ -2,12 +2,20 @@
 //! its hidden states on those sequences are the drafter's teacher signal (what DeepSpec's
 //! `scripts/data/generate_train_data.py` and `prepare_target_cache.py` make with SGLang and
 //! the target on GPUs; here the target is mlx-spec's own).
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use mlx_core::{Array, Dtype};
-use models::{GenerateParams, Transformer, generate};
+use models::{GenerateParams, Transformer};
 use serde::{Deserialize, Serialize};
+use spec::batch::{Batch, BatchRequest};
+use spec::{DraftProvider, Emitted, Finish, SpecOptions};
 
 use crate::{Error, Result};
 
@@ -34,31 +42,83 @@ impl Sample {
     }
 }
 
+/// How the target answers the prompts: several at once, each sped up by a drafter. Every
+/// answer is still plain greedy decoding's, token for token: a batched round computes a
+/// request's rows with the same bits as that request alone, and exact-match acceptance keeps
+/// only the target's own tokens (`spec::batch`'s batch invariance).
+pub struct Answering<'p> {
+    /// Opens the draft source of each request (the default suffix drafter, or none).
+    pub drafts: &'p dyn DraftProvider,
+    /// The most drafts per round (γ; 0: plain decoding steps).
+    pub num_draft_tokens: usize,
+    /// Requests decoding together (1: one after the other).
+    pub max_batch: usize,
+    /// When to stop: requests still running then are cancelled and give no sample.
+    pub deadline: Option<Instant>,
+}
+
 /// The target's greedy answer (up to `max_new_tokens`, stopping at any of `eos`, which is not
-/// kept) to each prompt of `prompts` (token ids), called back with each finished [`Sample`].
+/// kept) to each prompt of `prompts` (token ids), decoded as `how` says; `on_sample` is called
+/// with each [`Sample`] as it finishes (answers finish out of prompt order). Returns the
+/// samples in prompt order; prompts not answered by `how.deadline` have none.
 ///
 /// # Errors
-/// [`Error::Model`] when generation fails.
+/// [`Error::Spec`] when a request or a batched round fails; `on_sample`'s errors.
 pub fn generate_samples(
     target: &Transformer,
     prompts: &[(String, Vec<u32>)],
     max_new_tokens: usize,
     eos: &[u32],
+    how: &Answering<'_>,
     on_sample: &mut dyn FnMut(&Sample) -> Result<()>,
 ) -> Result<Vec<Sample>> {
     let params = GenerateParams { max_tokens: max_new_tokens, sampler: models::Sampler::default(), eos: eos.to_vec() };
-    let mut out = Vec::with_capacity(prompts.len());
-    for (source, prompt) in prompts {
-        let mut ids = prompt.clone();
-        generate(target, prompt, &params, |t| {
-            ids.push(t);
-            true
-        })?;
-        let sample = Sample { source: source.clone(), ids, prompt_len: prompt.len() };
-        on_sample(&sample)?;
-        out.push(sample);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut batch = Batch::new(target);
+    // Request id -> (prompt index, its tokens so far).
+    let mut running: HashMap<u64, (usize, Rc<RefCell<Vec<u32>>>)> = HashMap::new();
+    let mut answered: Vec<Option<Sample>> = vec![None; prompts.len()];
+    let mut next = 0;
+    loop {
+        if how.deadline.is_some_and(|d| Instant::now() >= d) {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        while !cancel.load(Ordering::Relaxed) && batch.len() < how.max_batch.max(1) && next < prompts.len() {
+            let tokens = Rc::new(RefCell::new(Vec::new()));
+            let sink = Rc::clone(&tokens);
+            let request = BatchRequest {
+                prompt: prompts[next].1.clone(),
+                params: params.clone(),
+                options: SpecOptions::from(how.num_draft_tokens),
+                cache: target.make_cache(),
+                draft_state: None,
+                logprobs: None,
+                cancel: Some(Arc::clone(&cancel)),
+            };
+            let on_token = Box::new(move |e: &Emitted| {
+                sink.borrow_mut().push(e.token);
+                true
+            });
+            let id = batch.add(how.drafts.open(target, &params.sampler)?, request, on_token)?;
+            running.insert(id, (next, tokens));
+            next += 1;
+        }
+        if batch.is_empty() {
+            break;
+        }
+        for done in batch.step() {
+            let (i, tokens) = running.remove(&done.id).expect("every request in the batch is running");
+            if done.result?.finish == Finish::Cancelled {
+                continue;
+            }
+            let (source, prompt) = &prompts[i];
+            let ids = prompt.iter().copied().chain(tokens.take()).collect();
+            let sample = Sample { source: source.clone(), ids, prompt_len: prompt.len() };
+            on_sample(&sample)?;
+            answered[i] = Some(sample);
+        }
     }
-    Ok(out)
+    Ok(answered.into_iter().flatten().collect())
 }
 
 /// Appends `sample` to the JSON Lines file `file` (one sample per line).

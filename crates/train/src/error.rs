@@ -11,6 +11,9 @@ pub enum Error {
     /// The target failed to load or run.
     #[error(transparent)]
     Model(#[from] models::Error),
+    /// Speculative generation of the training data failed (a draft source, a batched round).
+    #[error(transparent)]
+    Spec(#[from] spec::Error),
     /// The drafter failed to build or run (a bad checkpoint, a malformed training sequence).
     #[error(transparent)]
     Drafter(#[from] drafter::Error),

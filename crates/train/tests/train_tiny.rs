@@ -9,7 +9,7 @@ use mlx_core::{Dtype, KernelPolicy, io};
 use models::{GenerateParams, LoadOptions, ModelConfig, Sampler, Transformer, load_model};
 use spec::dspark::DSparkProvider;
 use spec::{DraftProvider, SpecOptions, speculative_generate};
-use train::distill::{Sample, TeacherStates, generate_samples, teacher_states};
+use train::distill::{Answering, Sample, TeacherStates, generate_samples, teacher_states};
 use train::init::{DrafterShape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
 
@@ -67,8 +67,53 @@ fn tiny_target_and_samples() -> (tempfile::TempDir, std::path::PathBuf, Transfor
     test_support::dspark::write_tiny_target(&target_dir, 5, 0.3).unwrap();
     let target = load_model(&target_dir, &f32_options()).unwrap();
     let config = ModelConfig::from_dir(&target_dir).unwrap();
-    let samples = generate_samples(&target, &prompts(1, 24), 40, &[], &mut |_| Ok(())).unwrap();
+    let samples = generate_samples(&target, &prompts(1, 24), 40, &[], &batched(&ngram()), &mut |_| Ok(())).unwrap();
     (tmp, target_dir, target, config, samples)
+}
+
+fn ngram() -> spec::ngram::NgramProvider {
+    spec::providers::NgramSpec::default().provider().unwrap()
+}
+
+/// Four requests at once, drafted by `drafts`.
+fn batched(drafts: &dyn spec::DraftProvider) -> Answering<'_> {
+    Answering { drafts, num_draft_tokens: 4, max_batch: 4, deadline: None }
+}
+
+#[test]
+fn batched_speculative_answers_are_plain_greedy_decodings() {
+    let tmp = tempfile::tempdir().unwrap();
+    test_support::dspark::write_tiny_target(tmp.path(), 5, 0.3).unwrap();
+    let target = load_model(tmp.path(), &f32_options()).unwrap();
+    let prompts = prompts(7, 9);
+    let eos = [17u32];
+    let mut seen = Vec::new();
+    let drafts = ngram();
+    let samples = generate_samples(&target, &prompts, 30, &eos, &batched(&drafts), &mut |s| {
+        seen.push(s.source.clone());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(samples.len(), prompts.len());
+    seen.sort();
+    let mut sources: Vec<String> = prompts.iter().map(|(s, _)| s.clone()).collect();
+    sources.sort();
+    assert_eq!(seen, sources, "on_sample sees every answer once");
+    let params = models::GenerateParams { max_tokens: 30, sampler: models::Sampler::default(), eos: eos.to_vec() };
+    for ((source, prompt), sample) in prompts.iter().zip(&samples) {
+        let mut plain = prompt.clone();
+        models::generate(&target, prompt, &params, |t| {
+            plain.push(t);
+            true
+        })
+        .unwrap();
+        assert_eq!(&sample.source, source, "samples come back in prompt order");
+        assert_eq!(sample.prompt_len, prompt.len());
+        assert_eq!(sample.ids, plain, "{source}: the batched answer differs from plain greedy decoding");
+    }
+    // A deadline already passed answers nothing.
+    let late = Answering { deadline: Some(std::time::Instant::now()), ..batched(&drafts) };
+    assert!(generate_samples(&target, &prompts, 30, &eos, &late, &mut |_| Ok(())).unwrap().is_empty());
 }
 
 /// 120 steps of one sequence and 16 blocks each at learning rate 3e-3.
