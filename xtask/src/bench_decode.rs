@@ -44,7 +44,7 @@ pub struct Args {
     mlx_lm_long: bool,
     /// mlx-spec's arms (kernel policies of `crates/models/benches/decode.rs`): `ours` (the
     /// defaults), `mlx-kernels` (MLX's own kernels, what the pip wheel gives; slow on large
-    /// quantized models), `mlx-norm-rope`, `bf16` (the opt-in bf16 precision).
+    /// quantized models), `mlx-norm-rope`, `bf16` and `int8` (the opt-in precisions).
     #[arg(long, value_delimiter = ',', default_value = "ours,mlx-kernels")]
     variants: Vec<String>,
     /// Skip the mlx-lm arm (it decodes Qwen2.5-Coder-1.5B 4-bit at well under 1 token/s here)
@@ -220,7 +220,7 @@ fn print_table(models_dirs: &[PathBuf], merged: &BTreeMap<(String, String), Valu
             );
         }
         let of = |variant: &str| of_dir.iter().find(|r| r["variant"] == variant);
-        for (arm, ours) in ["ours", "bf16"].iter().filter_map(|v| Some((v, of(v)?))) {
+        for (arm, ours) in ["ours", "bf16", "int8"].iter().filter_map(|v| Some((v, of(v)?))) {
             let long_ratio = med(&ours["long_decode_tps"]) / med(&ours["decode_tps"]);
             println!("{name:<30} {arm}: decode after the long prompt / after a short one {long_ratio:.2}x");
             for base in ["mlx-lm", "llama.cpp"] {

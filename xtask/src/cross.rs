@@ -49,7 +49,7 @@ pub const LIB_PACKAGES: &[&str] = &["mlx-core", "models", "spec", "drafter", "tr
 /// own results; they run on the target too.
 pub const KERNEL_TESTS: &[(&str, &str)] = &[
     ("mlx-core", "cpu_quant"),
-    ("mlx-core", "cpu_quant_bf16"),
+    ("mlx-core", "cpu_quant_precision"),
     ("mlx-core", "cpu_dense"),
     ("mlx-core", "cpu_attention"),
     ("mlx-core", "cpu_fast"),

@@ -291,9 +291,10 @@ pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
 /// `--precision`, for the commands that load a model.
 #[derive(Args, Debug)]
 pub(crate) struct PrecisionArg {
-    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default) or `bf16` (opt-in:
-    /// weights and activations rounded to bfloat16, faster verify windows and prefill; see the
-    /// README). Default: `MLX_SPEC_PRECISION`, else f32.
+    /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default), `bf16` (opt-in:
+    /// weights and activations rounded to bfloat16) or `int8` (opt-in: activations quantized
+    /// per block of 32 to int8, integer dot products, as llama.cpp); both make verify windows
+    /// and prefill faster (see the README). Default: `MLX_SPEC_PRECISION`, else f32.
     #[arg(long)]
     pub(crate) precision: Option<String>,
 }
@@ -312,26 +313,31 @@ pub(crate) fn load_options(dtype: &str, precision: Option<&str>) -> Result<model
 }
 
 /// [`load_options`] for a precision given by the flag `flag` (named in errors). Warns on stderr
-/// when bf16 cannot take effect as asked: without mlx-spec's quantized kernel (MLX's kernels
-/// compute in f32), or on a CPU without AVX512_BF16 (portable code, about 100x slower).
+/// when bf16 or int8 cannot take effect as asked: without mlx-spec's quantized kernel (MLX's
+/// kernels compute in f32), or on a CPU without the instructions they are built for
+/// (AVX512_BF16, AVX512_VNNI: portable code with the same bits, 10-100x slower).
 pub(crate) fn load_options_for(flag: &str, dtype: &str, precision: Option<&str>) -> Result<models::LoadOptions> {
     use mlx_core::Precision;
     let mut kernels = mlx_core::KernelPolicy::default();
     if let Some(p) = precision {
-        kernels.precision = Precision::parse(p).ok_or_else(|| anyhow::anyhow!("{flag} {p}: expected f32 or bf16"))?;
+        kernels.precision =
+            Precision::parse(p).ok_or_else(|| anyhow::anyhow!("{flag} {p}: expected {}", Precision::EXPECTED))?;
     }
-    if kernels.precision == Precision::Bf16 {
-        if !kernels.uses_qmm() {
-            eprintln!(
-                "warning: bf16 precision needs mlx-spec's quantized matmul kernel (MLX_SPEC_QMM is off, or the \
-                 backend is not the CPU): MLX's kernels compute in f32"
-            );
-        } else if !kernels.bf16_in_hardware() {
-            eprintln!(
-                "warning: this CPU (or MLX_SPEC_QMM_ISA) has no AVX512_BF16: bf16 precision runs portable code, \
-                 about 100x slower than f32; use --precision f32"
-            );
-        }
+    let (name, needs) = match kernels.precision {
+        Precision::F32 => return Ok(models::LoadOptions { dtype: parse_dtype(dtype)?, kernels }),
+        Precision::Bf16 => ("bf16", "AVX512_BF16"),
+        Precision::Int8 => ("int8", "AVX512_VNNI"),
+    };
+    if !kernels.uses_qmm() {
+        eprintln!(
+            "warning: {name} precision needs mlx-spec's quantized matmul kernel (MLX_SPEC_QMM is off, or the \
+             backend is not the CPU): MLX's kernels compute in f32"
+        );
+    } else if !kernels.precision_in_hardware() {
+        eprintln!(
+            "warning: this CPU (or MLX_SPEC_QMM_ISA) has no {needs}: {name} precision runs portable code, \
+             10-100x slower than f32; use --precision f32"
+        );
     }
     Ok(models::LoadOptions { dtype: parse_dtype(dtype)?, kernels })
 }

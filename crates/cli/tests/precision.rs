@@ -1,10 +1,10 @@
-//! The opt-in bf16 precision end to end on SmolLM2-135M-Instruct 4-bit (fetched into the
-//! cache on first use): its fidelity bound against f32 (`mlx-spec perplexity
+//! The opt-in bf16 and int8 precisions end to end on SmolLM2-135M-Instruct 4-bit (fetched into
+//! the cache on first use): their fidelity bound against f32 (`mlx-spec perplexity
 //! --reference-precision f32` on the committed prompt set: perplexity within 0.5%, top-1
-//! agreement at least 97%), speculation in bf16 equal to bf16 plain decoding (window rows equal
-//! one-token rows in that precision too), and clear errors for bad flags and data. On a CPU
-//! without AVX512_BF16 bf16 runs portable code with the same bits, about 100x slower: the
-//! tests then score one sequence and generate fewer tokens.
+//! agreement at least 97% for bf16 and 95% for int8), speculation in each equal to its plain
+//! decoding (window rows equal one-token rows in those precisions too), and clear errors for
+//! bad flags and data. On a CPU without AVX512_BF16 / AVX512_VNNI they run portable code with
+//! the same bits, 10-100x slower: the tests then score one sequence and generate fewer tokens.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -27,15 +27,15 @@ fn mlx_spec(args: &[&str]) -> Output {
         .expect("run mlx-spec")
 }
 
-/// Whether bf16 runs on AVX512_BF16 here (`mlx-spec info --json` names the kernel).
-fn bf16_in_hardware() -> bool {
+/// Whether `precision` runs on its instructions here (`mlx-spec info --json` names the kernel).
+fn in_hardware(precision: &str) -> bool {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
         .args(["info", "--json"])
-        .env("MLX_SPEC_PRECISION", "bf16")
+        .env("MLX_SPEC_PRECISION", precision)
         .output()
         .expect("run mlx-spec info");
     let v: Value = serde_json::from_slice(&out.stdout).expect("info --json");
-    v["qmm_isa"].as_str().is_some_and(|isa| isa.contains("avx512bf16"))
+    v["qmm_isa"].as_str().is_some_and(|isa| !isa.starts_with("portable"))
 }
 
 fn ok_stdout(args: &[&str]) -> String {
@@ -46,9 +46,20 @@ fn ok_stdout(args: &[&str]) -> String {
 
 #[test]
 fn bf16_perplexity_is_within_half_a_percent_of_f32() {
+    perplexity_is_within_half_a_percent_of_f32("bf16", 0.97, 1e-3);
+}
+
+#[test]
+fn int8_perplexity_is_within_half_a_percent_of_f32() {
+    perplexity_is_within_half_a_percent_of_f32("int8", 0.95, 5e-3);
+}
+
+/// `precision`'s perplexity within 0.5% of f32's, top-1 agreement at least `agreement`, mean
+/// KL divergence below `kl`.
+fn perplexity_is_within_half_a_percent_of_f32(precision: &str, agreement: f64, kl: f64) {
     let model = smollm2();
     let data = fixture("fixtures/prompts/spec-equality.jsonl");
-    let hardware = bf16_in_hardware();
+    let hardware = in_hardware(precision);
     let mut args = vec![
         "perplexity",
         "--model",
@@ -58,7 +69,7 @@ fn bf16_perplexity_is_within_half_a_percent_of_f32() {
         "--sequence-length",
         "256",
         "--precision",
-        "bf16",
+        precision,
         "--reference-precision",
         "f32",
         "--json",
@@ -69,26 +80,35 @@ fn bf16_perplexity_is_within_half_a_percent_of_f32() {
     let v: Value = serde_json::from_str(ok_stdout(&args).trim()).unwrap();
     let (ratio, agree) = (v["perplexity_ratio"].as_f64().unwrap(), v["top1_agreement"].as_f64().unwrap());
     assert!(v["positions"].as_u64().unwrap() >= if hardware { 2000 } else { 255 }, "{v}");
-    assert!((0.995..=1.005).contains(&ratio), "perplexity ratio bf16 / f32 {ratio}: {v}");
-    assert!(agree >= 0.97, "top-1 agreement {agree}: {v}");
-    assert!(v["mean_kl_divergence"].as_f64().unwrap() < 1e-3, "{v}");
+    assert!((0.995..=1.005).contains(&ratio), "perplexity ratio {precision} / f32 {ratio}: {v}");
+    assert!(agree >= agreement, "top-1 agreement {agree}: {v}");
+    assert!(v["mean_kl_divergence"].as_f64().unwrap() < kl, "{v}");
     assert!(v["perplexity"].as_f64().unwrap() > 1.0, "{v}");
 }
 
 #[test]
 fn bf16_speculation_equals_bf16_plain_decoding() {
+    speculation_equals_plain_decoding("bf16");
+}
+
+#[test]
+fn int8_speculation_equals_int8_plain_decoding() {
+    speculation_equals_plain_decoding("int8");
+}
+
+fn speculation_equals_plain_decoding(precision: &str) {
     let model = smollm2();
     let prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
-    let tokens = if bf16_in_hardware() { "40" } else { "6" };
+    let tokens = if in_hardware(precision) { "40" } else { "6" };
     let run = |extra: &[&str]| {
         let mut args =
             vec!["generate", "--model", model.to_str().unwrap(), "-p", prompt, "--ignore-chat-template", "-m", tokens];
         args.extend_from_slice(extra);
         ok_stdout(&args)
     };
-    let plain = run(&["--precision", "bf16", "--draft-kind", "none"]);
+    let plain = run(&["--precision", precision, "--draft-kind", "none"]);
     for drafter in ["ngram", "suffix"] {
-        assert_eq!(run(&["--precision", "bf16", "--draft-kind", drafter]), plain, "{drafter}");
+        assert_eq!(run(&["--precision", precision, "--draft-kind", drafter]), plain, "{precision} {drafter}");
     }
 }
 
@@ -96,9 +116,9 @@ fn bf16_speculation_equals_bf16_plain_decoding() {
 fn bad_precision_and_data_are_named() {
     let model = smollm2();
     let m = model.to_str().unwrap();
-    let out = mlx_spec(&["generate", "--model", m, "--precision", "int8", "-m", "1"]);
+    let out = mlx_spec(&["generate", "--model", m, "--precision", "int4", "-m", "1"]);
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && e.contains("--precision int8: expected f32 or bf16"), "{e}");
+    assert!(!out.status.success() && e.contains("--precision int4: expected f32, bf16 or int8"), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"text\": \"a\"}\n{\"other\": 1}\n").unwrap();
@@ -113,7 +133,7 @@ fn bad_precision_and_data_are_named() {
     let out =
         mlx_spec(&["perplexity", "--model", m, "--data-path", short.to_str().unwrap(), "--reference-precision", "fp8"]);
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && e.contains("--reference-precision fp8: expected f32 or bf16"), "{e}");
+    assert!(!out.status.success() && e.contains("--reference-precision fp8: expected f32, bf16 or int8"), "{e}");
     // bf16 without mlx-spec's quantized kernel does nothing: said, not silent.
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-spec"))
         .args(["generate", "--model", m, "-p", "Hi", "-m", "1", "--precision", "bf16", "--draft-kind", "none"])

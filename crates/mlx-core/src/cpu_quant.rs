@@ -30,9 +30,12 @@
 //! the tests allow `|Δ| <= 1e-5 * Σ_k |x_k * w_k| + 1e-6` per output element. That is the
 //! default [`crate::Precision::F32`]; a policy with [`crate::Precision::Bf16`] (opt-in) rounds
 //! the dequantized weights and the activations to bf16 and sums bf16 dot products in f32
-//! (`tests/cpu_quant_bf16.rs`: within `1e-5 * Σ|x w|` of an f64 product of the rounded
-//! operands, `2^-7 * Σ|x w|` of f32). In both, a row's result does not depend on the number
-//! of rows.
+//! (`tests/cpu_quant_precision.rs`: within `1e-5 * Σ|x w|` of an f64 product of the rounded
+//! operands, `2^-7 * Σ|x w|` of f32); one with [`crate::Precision::Int8`] (opt-in) quantizes
+//! the activations per block of 32 to int8 (llama.cpp's Q8_0) and takes integer dot products
+//! with the weight codes (same test: within `1e-5 * Σ|x w|` of an f64 reference of that
+//! arithmetic, and within half a quantization step per activation of f32). In all three, a
+//! row's result does not depend on the number of rows.
 use mlx_sys::ffi;
 
 use crate::array::{list, wrap};

@@ -120,17 +120,32 @@ pub enum Precision {
     /// so speculation is lossless against this precision's plain decoding. Its distance from
     /// f32 is measured by `cargo xtask precision` (perplexity and top-1 agreement).
     Bf16 = 1,
+    /// Opt-in: llama.cpp's arithmetic on MLX's weights. Each block of 32 activations is
+    /// quantized to int8 with its own scale (llama.cpp's Q8_0: `d = amax / 127`,
+    /// `q = round(x / d)`, ties to even); the weight codes times the int8 activations are exact
+    /// integer dot products (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction, Intel
+    /// SDM), scaled by `d * scale` in f32; the bias term `Σ_g bias_g · Σ_{i∈g} x_i` uses the
+    /// exact f32 sums of x. On CPUs without AVX512_VNNI, portable code with the same bits
+    /// ([`KernelPolicy::precision_in_hardware`]). Outputs stay float32; a row's result does not
+    /// depend on the number of rows, so speculation is lossless against this precision's plain
+    /// decoding. Its distance from f32 is measured by `mlx-spec perplexity --precision int8
+    /// --reference-precision f32`.
+    Int8 = 2,
 }
 
 impl Precision {
     /// All, the default first.
-    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::Int8];
 
-    /// `f32` or `bf16`.
+    /// The names [`Precision::parse`] takes, for error messages.
+    pub const EXPECTED: &'static str = "f32, bf16 or int8";
+
+    /// `f32`, `bf16` or `int8`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
         }
     }
 
@@ -139,6 +154,7 @@ impl Precision {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" | "float32" => Some(Precision::F32),
             "bf16" | "bfloat16" => Some(Precision::Bf16),
+            "int8" => Some(Precision::Int8),
             _ => None,
         }
     }
@@ -338,16 +354,17 @@ impl KernelPolicy {
 
     /// The instruction set the quantized matmul kernel uses under this policy on this CPU
     /// (`avx512f`, `avx2+fma`, `portable`; in bf16 precision `avx512f+avx512bf16 (bf16)` or
-    /// `portable (bf16)`).
+    /// `portable (bf16)`; in int8 precision `avx512f+avx512vnni (int8)` or `portable (int8)`).
     pub fn isa(&self) -> String {
         ffi::cpu_qmm_isa(self.max_isa as i32, self.precision as i32)
     }
 
-    /// Whether bf16 precision's products run on AVX512_BF16 under this policy's
-    /// instruction-set cap on this CPU; false where they run the portable code (the same bits,
-    /// about 100x slower) and where the kernel is not used ([`KernelPolicy::uses_qmm`]).
-    pub fn bf16_in_hardware(&self) -> bool {
-        self.uses_qmm() && ffi::cpu_qmm_isa(self.max_isa as i32, Precision::Bf16 as i32).contains("avx512bf16")
+    /// Whether this policy's precision runs on the instructions it is built for under the
+    /// policy's instruction-set cap on this CPU (f32: always; bf16: AVX512_BF16; int8:
+    /// AVX512_VNNI); false where it runs the portable code (the same bits, 10-100x slower) and
+    /// where the kernel is not used ([`KernelPolicy::uses_qmm`]).
+    pub fn precision_in_hardware(&self) -> bool {
+        self.uses_qmm() && (self.precision == Precision::F32 || !self.isa().starts_with("portable"))
     }
 
     /// Whether quantized matmuls go to the CPU kernel: [`KernelPolicy::qmm`] on the CPU backend.
@@ -512,7 +529,7 @@ impl Settings {
         let precision = match lookup("MLX_SPEC_PRECISION").map(|v| (Precision::parse(&v), v)) {
             Some((Some(p), _)) => Setting { value: p, source: Source::Env("MLX_SPEC_PRECISION") },
             Some((None, v)) => {
-                refuse("MLX_SPEC_PRECISION", &v, "f32 or bf16", "f32");
+                refuse("MLX_SPEC_PRECISION", &v, Precision::EXPECTED, "f32");
                 Setting::default(Precision::F32)
             }
             None => Setting::default(Precision::F32),
@@ -773,7 +790,7 @@ mod tests {
             s.invalid,
             [
                 "MLX_SPEC_QMM_ISA=avx9: expected portable, avx2+fma or avx512f; using avx512f",
-                "MLX_SPEC_PRECISION=int4: expected f32 or bf16; using f32",
+                "MLX_SPEC_PRECISION=int4: expected f32, bf16 or int8; using f32",
                 "MLX_SPEC_POOL_SPIN_US=abc: expected a whole number; using 5000",
             ]
         );

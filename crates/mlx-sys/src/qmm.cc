@@ -64,9 +64,31 @@ struct Problem {
   // bf16 precision only: x rounded to bf16, each 32-block in the lane order of the weights'
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
+  // int8 precision only (`prepare_int8`): x quantized to int8 per block of 32 in the lane
+  // order of the weights' 64-chunks, row stride k64() bytes; each lane's block scale, 16
+  // floats per chunk (row stride k64() / 4); the exact f32 sum of each scale group of x (row
+  // stride groups()).
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
+  const float* xs = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
+  int k64() const { return (k + 63) / 64 * 64; }  // K rounded up to whole 64-chunks
+  // The same product restricted to the activation rows [m0, m0 + count).
+  Problem rows(int m0, int count) const {
+    Problem q = *this;
+    q.m = count;
+    q.x = x + static_cast<size_t>(m0) * k;
+    q.out = out + static_cast<size_t>(m0) * n;
+    if (xb) q.xb = xb + static_cast<size_t>(m0) * k;
+    if (xq) {
+      q.xq = xq + static_cast<size_t>(m0) * k64();
+      q.xd = xd + static_cast<size_t>(m0) * (k64() / 4);
+      q.xs = xs + static_cast<size_t>(m0) * groups();
+    }
+    return q;
+  }
   // Packed words, scales and biases of weight row n.
   const uint32_t* w_row(int n) const { return w + static_cast<size_t>(n) * words(); }
   const float* s_row(int n) const { return s + static_cast<size_t>(n) * groups(); }
@@ -505,12 +527,7 @@ void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_s
       const int g1 = std::min(groups, g0 + block);
       for (int pass = 0; pass < passes; ++pass) {
         const int m0 = pass * group;
-        Problem q = p;
-        q.m = std::min(group, p.m - m0);
-        q.x = p.x + static_cast<size_t>(m0) * p.k;
-        if (p.xb) q.xb = p.xb + static_cast<size_t>(m0) * p.k;
-        q.out = p.out + static_cast<size_t>(m0) * p.n;
-        rows(q, t0, t1, g0, g1, Carry{carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32, t0});
+        rows(p.rows(m0, std::min(group, p.m - m0)), t0, t1, g0, g1, Carry{carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32, t0});
       }
     }
   }
@@ -808,6 +825,267 @@ BF16_FN void rows_bf16(const Problem& p, int n0, int n1) {
 bool cpu_has_avx512_bf16() { return false; }
 #endif
 
+// ---------------------------------------------------------------------------------------
+// int8 precision (opt-in; mlx-core's `Precision::Int8`): llama.cpp's arithmetic on MLX's
+// weights. Each block of 32 activations is quantized to int8 with its own scale (llama.cpp's
+// Q8_0: d = amax / 127, q = round(x / d), ties to even), once per call (`prepare_int8`); the
+// products of the 4- or 8-bit weight codes with the int8 activations are exact integer dot
+// products (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction), scaled in f32. With
+// `w = scale_g * q + bias_g`, a row's result is
+//   sum_g scale_g * sum_{b in g} d_b * (q_b . xq_b)   +   sum_g bias_g * xsum_g
+// where xsum_g is the exact f32 sum of x over group g (the bias term needs no rounding of x).
+// Per output element, over the 64-weight chunks c of the row (lanes l = 0..15, 4 weights each):
+//   i_l   = sum of 4 products q * xq (exact int32)
+//   t_l   = f32(i_l) * d_lane                    d of the block lane l's weights belong to
+//   acc_u = fma(t, scale_lane, acc_u)            u = c % 2, in chunk order
+//   bsum  = fma(bias_g, xsum_g, bsum_{g % 16})   in group order
+//   y     = reduce16(acc_0 + acc_1) + reduce16(bsum)
+// 4-bit chunks keep their bytes' low nibbles in bytes 0-31 (weights 0, 2, .., 62) and high
+// nibbles in bytes 32-63 (weights 1, 3, .., 63), so lanes 0-3 and 8-11 belong to the chunk's
+// first block of 32, lanes 4-7 and 12-15 to its second; 8-bit chunks are the stored bytes
+// (lanes 0-7 first block, 8-15 second). The activations are laid out the same way. A row of K
+// = 64j + 32 ends in a half chunk (zero codes and activations in its second block's lanes).
+// `rows_int8_portable` does the same operations in scalar C++: every instruction set gives the
+// same bits, and a row's result does not depend on the number of rows.
+constexpr int kInt8 = 2;
+
+// The block (0 or 1) of a chunk that lane l's 4 weights belong to.
+int lane_block(int bits, int l) { return bits == 4 ? (l / 4) % 2 : l / 8; }
+
+// Element of chunk-relative position j (0..63) in a chunk's lane order.
+int chunk_index(int bits, int j) { return bits == 4 ? (j < 32 ? 2 * j : 2 * (j - 32) + 1) : j; }
+
+// One block of 32 activations quantized: d = amax / 127, codes round(x / d) (ties to even).
+float quantize_block(const float* x, int8_t* q) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f;
+  for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * id), -127.f, 127.f));
+  return d;
+}
+
+// The f32 sum of a scale group of x: element i into lane i % 16 in order, then
+// reduce16_portable (the vector path's order).
+float group_sum(const float* x, int gs) {
+  float lanes[16] = {};
+  for (int i = 0; i < gs; ++i) lanes[i % 16] += x[i];
+  return reduce16_portable(lanes);
+}
+
+#ifdef MLXSYS_X86
+// quantize_block and group_sum with AVX-512 (the same operations: the maximum is exact,
+// VCVTPS2DQ rounds to nearest even as nearbyint does, the codes lie in [-127, 127]).
+AVX512_FN float quantize_block_avx512(const float* x, int8_t* q) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f;
+  const __m512 v = _mm512_set1_ps(id);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, v))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, v))));
+  return d;
+}
+AVX512_FN float group_sum_avx512(const float* x, int gs) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < gs; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + i));
+  return reduce16(acc);
+}
+#endif
+
+// Row r of x [M, K] -> Problem::xq / xd / xs (see there), `q` a scratch row of k64 codes.
+// Every instruction set gives the same bits.
+void prepare_int8_row(const float* x, int r, int k, int bits, int gs, bool vector, int8_t* xq, float* xd, float* xs,
+                      int8_t* q) {
+  const int k64 = (k + 63) / 64 * 64, blocks = k / 32, groups = k / gs;
+  const float* xr = x + static_cast<size_t>(r) * k;
+  float d[2];
+  int8_t* qr = xq + static_cast<size_t>(r) * k64;
+  float* dr = xd + static_cast<size_t>(r) * (k64 / 4);
+  std::fill(q, q + k64, 0);
+  for (int c = 0; c < k64 / 64; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      const int b = 2 * c + h;
+      d[h] = 0;
+      if (b >= blocks) continue;
+#ifdef MLXSYS_X86
+      if (vector) {
+        d[h] = quantize_block_avx512(xr + 32 * b, q + 32 * b);
+        continue;
+      }
+#endif
+      d[h] = quantize_block(xr + 32 * b, q + 32 * b);
+    }
+    for (int j = 0; j < 64; ++j) qr[64 * c + j] = q[64 * c + chunk_index(bits, j)];
+    for (int l = 0; l < 16; ++l) dr[16 * c + l] = d[lane_block(bits, l)];
+  }
+  for (int g = 0; g < groups; ++g) {
+    float sum;
+#ifdef MLXSYS_X86
+    if (vector) {
+      sum = group_sum_avx512(xr + g * gs, gs);
+    } else
+#endif
+      sum = group_sum(xr + g * gs, gs);
+    xs[static_cast<size_t>(r) * groups + g] = sum;
+  }
+  (void)vector;
+}
+
+// The bias term sum_g bias_g * xsum_g of weight row n and activation row m (16 lanes, group
+// g into lane g % 16, then reduce16_portable).
+float bias_term_portable(const Problem& p, int n, int m) {
+  float lanes[16] = {};
+  const float* b = p.b_row(n);
+  const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
+  for (int g = 0; g < p.groups(); ++g) lanes[g % 16] = std::fma(b[g], xs[g], lanes[g % 16]);
+  return reduce16_portable(lanes);
+}
+
+void rows_int8_portable(const Problem& p, int n0, int n1) {
+  const int per_word = 32 / p.bits, chunks = p.k64() / 64;
+  const uint32_t mask = (1u << p.bits) - 1;
+  std::vector<int> codes(p.k64());
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w_row(n);
+    for (int c = 0; c < chunks; ++c) {
+      for (int j = 0; j < 64; ++j) {
+        const int i = 64 * c + chunk_index(p.bits, j);
+        codes[64 * c + j] = i < p.k ? static_cast<int>((wr[i / per_word] >> ((i % per_word) * p.bits)) & mask) : 0;
+      }
+    }
+    for (int m = 0; m < p.m; ++m) {
+      const int8_t* xq = p.xq + static_cast<size_t>(m) * p.k64();
+      const float* xd = p.xd + static_cast<size_t>(m) * (p.k64() / 4);
+      float acc[2][16] = {};
+      for (int c = 0; c < chunks; ++c) {
+        for (int l = 0; l < 16; ++l) {
+          int dot = 0;
+          for (int e = 64 * c + 4 * l; e < 64 * c + 4 * l + 4; ++e) dot += codes[e] * xq[e];
+          const int g = (64 * c + 32 * lane_block(p.bits, l)) / p.gs;
+          const float scale = g < p.groups() ? p.s_row(n)[g] : 0.f;
+          acc[c % 2][l] = std::fma(static_cast<float>(dot) * xd[16 * c + l], scale, acc[c % 2][l]);
+        }
+      }
+      float v[16];
+      for (int l = 0; l < 16; ++l) v[l] = acc[0][l] + acc[1][l];
+      p.out[static_cast<size_t>(m) * p.n + n] = reduce16_portable(v) + bias_term_portable(p, n, m);
+    }
+  }
+}
+
+#ifdef MLXSYS_X86
+#define INT8_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"))) inline
+#define INT8_FN_ALWAYS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"), always_inline)) inline
+
+bool cpu_has_avx512_vnni() {
+  static const bool yes = cpu_has_avx512() && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return yes;
+}
+
+// The 64 weight codes of chunk c of a packed row as bytes in the chunk lane order; a half
+// chunk (`half`: the row's last 32 weights) has zeros in its second block's lanes.
+template <int BITS>
+INT8_FN_ALWAYS __m512i codes64(const uint32_t* wr, int c, bool half) {
+  if constexpr (BITS == 4) {
+    const uint8_t* at = reinterpret_cast<const uint8_t*>(wr) + 32 * c;
+    const __m256i bytes = half ? _mm256_maskz_loadu_epi8(0x0000FFFFu, at) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+    const __m512i both = _mm512_broadcast_i64x4(bytes);  // low half: low nibbles, high half: high
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
+  } else {
+    const uint8_t* at = reinterpret_cast<const uint8_t*>(wr) + 64 * c;
+    return half ? _mm512_maskz_loadu_epi8(0x00000000FFFFFFFFull, at) : _mm512_loadu_si512(at);
+  }
+}
+
+// Each lane's weight scale in chunk c of a row with scales `s` (zero in a half chunk's second
+// block).
+template <int BITS, int GS>
+INT8_FN_ALWAYS __m512 lane_scales(const float* s, int c, bool half) {
+  if constexpr (GS == 32) {
+    const __m128 two = half ? _mm_load_ss(s + 2 * c) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + 2 * c)));
+    const __m512i pick = BITS == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)
+                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(two));
+  } else {
+    return _mm512_set1_ps(s[c * 64 / GS]);
+  }
+}
+
+// bias_term_portable with vector lanes (the last, partial vector masked: fma(0, 0, a) = a).
+INT8_FN_ALWAYS float bias_term(const Problem& p, int n, int m) {
+  const float* b = p.b_row(n);
+  const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
+  const int groups = p.groups();
+  __m512 a = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 16 <= groups; g += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(b + g), _mm512_loadu_ps(xs + g), a);
+  if (g < groups) {
+    const __mmask16 live = static_cast<__mmask16>((1u << (groups - g)) - 1);
+    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, b + g), _mm512_maskz_loadu_ps(live, xs + g), a);
+  }
+  return reduce16(a);
+}
+
+// Weight rows n .. n + R of M activation rows over the scale groups [g_begin, g_end) (whole
+// chunks: blocks of groups start on a chunk), as rows_avx512_regs.
+template <int BITS, int GS, int R, int M>
+INT8_FN_ALWAYS void rows_int8_regs(const Problem& p, int n, int g_begin, int g_end, Carry carry) {
+  const int words = p.words(), groups = p.groups(), k64 = p.k64();
+  const int c_begin = g_begin * GS / 64, c_end = (g_end * GS + 63) / 64, full = p.k / 64;
+  const uint32_t* wr = p.w_row(n);
+  __m512 acc[R][M][2];
+  carry_in<R, M>(acc, n, g_begin, carry);
+  for (int c = c_begin; c < c_end; ++c) {
+    const bool half = c == full;  // only a row's last chunk can be half
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+      if constexpr (M == 1) prefetch_ahead(wr + r * words + c * 2 * BITS);
+      const __m512i w = codes64<BITS>(wr + r * words, c, half);
+      const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
+      _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(p.xq + m * static_cast<size_t>(k64) + 64 * c));
+        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(p.xd + m * static_cast<size_t>(k64 / 4) + 16 * c));
+        acc[r][m][c % 2] = _mm512_fmadd_ps(t, s, acc[r][m][c % 2]);
+      }
+    }
+  }
+  if (g_end < groups) return carry_out<R, M>(acc, p, n, false, carry, Reduce16{});
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1])) + bias_term(p, n + r, m);
+    }
+}
+
+template <int BITS, int GS, int M>
+INT8_FN void rows_int8_small(const Problem& p, int n0, int n1, int g0, int g1, Carry carry) {
+  int n = n0;
+  if constexpr (M == 1) {
+    for (; n + 2 <= n1; n += 2) rows_int8_regs<BITS, GS, 2, 1>(p, n, g0, g1, carry);
+  }
+  for (; n < n1; ++n) rows_int8_regs<BITS, GS, 1, M>(p, n, g0, g1, carry);
+}
+
+template <int BITS, int GS>
+INT8_FN void rows_int8_group(const Problem& q, int t0, int t1, int g0, int g1, Carry carry) {
+  with_rows(q.m, [&](auto m) { rows_int8_small<BITS, GS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
+}
+
+// Output rows [n0, n1) for M <= kTiledMaxRows activation rows, as the bf16 path's windows
+// (blocks of whole chunks: an even number of groups for group size 32). An activation costs 2
+// bytes in L1 (its int8 code and its lane's share of the block scales).
+template <int BITS>
+INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
+  const int tile_rows = p.m == 1 ? n1 - n0 : kTileRows;
+  switch (p.gs) {
+    case 32: return window_blocks(p, n0, n1, 2, 2, tile_rows, rows_int8_group<BITS, 32>);
+    case 64: return window_blocks(p, n0, n1, 2, 1, tile_rows, rows_int8_group<BITS, 64>);
+    default: return window_blocks(p, n0, n1, 2, 1, tile_rows, rows_int8_group<BITS, 128>);
+  }
+}
+#else
+bool cpu_has_avx512_vnni() { return false; }
+#endif
+
 // Instruction sets, best last; each call's `max_isa` caps the choice (tests compare them).
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* const kIsaNames[] = {"portable", "avx2+fma", "avx512f"};
@@ -824,8 +1102,13 @@ int isa(int max_isa) {
 // (else on rows_bf16_portable: the same bits, slower).
 bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); }
 
+// Whether int8 precision runs on the AVX512_VNNI kernels at level `level` (else on
+// rows_int8_portable: the same bits, slower).
+bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
+
 void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kBf16 && !bf16_vector(level)) return rows_bf16_portable(p, n0, n1);
+  if (precision == kInt8 && !int8_vector(level)) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
@@ -835,17 +1118,11 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     // 512 rows than one pass of each weight row over all rows, which reads x from memory once
     // per weight row (`qmm_profile`). A row's FMAs do not depend on its block.
     const int blocks = (p.m + kTiledMaxRows - 1) / kTiledMaxRows, per = (p.m + blocks - 1) / blocks;
-    for (int m0 = 0; m0 < p.m; m0 += per) {
-      Problem q = p;
-      q.m = std::min(per, p.m - m0);
-      q.x = p.x + static_cast<size_t>(m0) * p.k;
-      q.out = p.out + static_cast<size_t>(m0) * p.n;
-      if (p.xb) q.xb = p.xb + static_cast<size_t>(m0) * p.k;
-      run_rows(q, n0, n1, level, precision);
-    }
+    for (int m0 = 0; m0 < p.m; m0 += per) run_rows(p.rows(m0, std::min(per, p.m - m0)), n0, n1, level, precision);
     return;
   }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
+  if (precision == kInt8) return p.bits == 4 ? rows_int8<4>(p, n0, n1) : rows_int8<8>(p, n0, n1);
   if (level == kAvx512) {
     switch (p.bits) {
       case 4: return rows_avx512<4>(p, n0, n1);
@@ -926,6 +1203,35 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
 #endif
       prepare_bf16_portable(p0.x, p0.m, p0.k, p0.bits, aligned);
     for (auto& p : ps) p.xb = aligned;
+  }
+  if (precision == kInt8) {
+    // Activations quantized once, 64-byte aligned (rows of k64 bytes and k64 / 4 floats).
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> xd, xs;
+    const size_t k64 = static_cast<size_t>(p0.k64());
+    xq.resize(p0.m * k64 + 64);
+    xd.resize(p0.m * k64 / 4 + 16);
+    xs.resize(static_cast<size_t>(p0.m) * p0.groups());
+    int8_t* q = xq.data() + (64 - reinterpret_cast<uintptr_t>(xq.data()) % 64) % 64;
+    float* d = xd.data() + (16 - reinterpret_cast<uintptr_t>(xd.data()) / sizeof(float) % 16) % 16;
+    // Rows go to the pool's threads: pass this thread's buffers, not the names of thread_locals.
+    const bool vector = int8_vector(level);
+    float* sums = xs.data();
+    auto rows = [&p0, vector, q, d, sums, k64](int r) {
+      thread_local std::vector<int8_t> scratch;
+      scratch.resize(k64);
+      prepare_int8_row(p0.x, r, p0.k, p0.bits, p0.gs, vector, q, d, sums, scratch.data());
+    };
+    if (p0.m >= 8) {
+      Pool::get().run(p0.m, rows, Pool::Linger::kLong, threads);
+    } else {
+      for (int r = 0; r < p0.m; ++r) rows(r);
+    }
+    for (auto& p : ps) {
+      p.xq = q;
+      p.xd = d;
+      p.xs = sums;
+    }
   }
   // The SIMD kernels read x from a 64-byte aligned copy: a 16-lane load that straddles two
   // cache lines costs two, and x is read once per weight row (measured, interleaved runs: windows
@@ -1141,10 +1447,12 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
     throw std::invalid_argument(op + "bits must be 4 or 8, got " + std::to_string(bits));
   }
   if (bits == kDense) group_size = 32;
-  if (precision != kF32 && precision != kBf16) {
-    throw std::invalid_argument(op + "precision must be 0 (f32) or 1 (bf16), got " + std::to_string(precision));
+  if (precision != kF32 && precision != kBf16 && precision != kInt8) {
+    throw std::invalid_argument(op + "precision must be 0 (f32), 1 (bf16) or 2 (int8), got " + std::to_string(precision));
   }
-  if (precision == kBf16 && bits == kDense) throw std::invalid_argument(op + "bf16 precision needs 4- or 8-bit weights");
+  if (precision != kF32 && bits == kDense) {
+    throw std::invalid_argument(op + (precision == kBf16 ? "bf16" : "int8") + " precision needs 4- or 8-bit weights");
+  }
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   }
@@ -1200,6 +1508,7 @@ std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList
 
 rust::String cpu_qmm_isa(int32_t max_isa, int32_t precision) {
   if (precision == kBf16) return rust::String(bf16_vector(isa(max_isa)) ? "avx512f+avx512bf16 (bf16)" : "portable (bf16)");
+  if (precision == kInt8) return rust::String(int8_vector(isa(max_isa)) ? "avx512f+avx512vnni (int8)" : "portable (int8)");
   return rust::String(kIsaNames[isa(max_isa)]);
 }
 

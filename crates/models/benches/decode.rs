@@ -20,8 +20,8 @@
 //!   `quantized_matmul`, attention, RMS norm and RoPE), i.e. what the pip wheel gives;
 //! - `mlx-norm-rope` (only when asked for with `--variants`): `ours` with MLX's RMS norm and
 //!   RoPE graphs, to measure what the one-node versions give;
-//! - `bf16` (only when asked for): `ours` in the opt-in bf16 precision of the quantized
-//!   matmuls (`mlx_core::Precision::Bf16`).
+//! - `bf16`, `int8` (only when asked for): `ours` in an opt-in precision of the quantized
+//!   matmuls (`mlx_core::Precision::{Bf16, Int8}`).
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `cargo bench -p models --bench decode -- --models dir1:dir2`.
@@ -137,9 +137,10 @@ fn set_variant(name: &str) -> KernelPolicy {
     match name {
         "ours" => KernelPolicy::all_on(),
         "bf16" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Bf16),
+        "int8" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Int8),
         "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..KernelPolicy::all_on() },
         "mlx-kernels" => KernelPolicy::mlx(),
-        other => panic!("--variants {other}: expected ours, bf16, mlx-norm-rope or mlx-kernels"),
+        other => panic!("--variants {other}: expected ours, bf16, int8, mlx-norm-rope or mlx-kernels"),
     }
 }
 
@@ -174,9 +175,9 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
     let runs = timed(&decode_ids);
     let decode_tps: Vec<f64> = runs.iter().map(|(st, _)| st.generation_tps).collect();
     let decode_cpu_ms: Vec<f64> = runs.iter().map(|(_, cpu)| *cpu).collect();
-    // The long prompt on our kernels only (both precisions): MLX's quantized kernels take minutes for it.
+    // The long prompt on our kernels only (every precision): MLX's quantized kernels take minutes for it.
     let long_ids =
-        s.long_prompt.as_deref().filter(|_| matches!(variant, "ours" | "bf16")).map(chat).unwrap_or_default();
+        s.long_prompt.as_deref().filter(|_| matches!(variant, "ours" | "bf16" | "int8")).map(chat).unwrap_or_default();
     let long_runs = if long_ids.is_empty() { Vec::new() } else { timed(&long_ids) };
     let prefill_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.prompt_tps).collect();
     let long_decode_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.generation_tps).collect();
