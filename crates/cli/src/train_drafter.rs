@@ -162,6 +162,14 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     let held_prompts =
         prompts[a.num_prompts..a.num_prompts + a.held_out].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
+    let data_settings = DataSettings {
+        target: target_dir.clone(),
+        prompts: a.prompts.clone(),
+        num_prompts: a.num_prompts,
+        held_out: a.held_out,
+        max_new_tokens: a.max_new_tokens,
+    };
+    check_data_settings(&work, &data_settings)?;
     let drafts = DrafterSpec::Suffix(SuffixSpec::default())
         .load(DraftTarget { dir: &target_dir, tokenizer: &tok, load: &options })?
         .expect("the suffix drafter is a drafter");
@@ -323,6 +331,50 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "ece_after_by_position": cal.after.0,
     });
     std::fs::write(work.join("held_out_eval.json"), serde_json::to_string_pretty(&report)?)?;
+    Ok(())
+}
+
+/// What the samples in a work directory were made from (`data.json`): a resume must not mix
+/// answers to other prompts, of another length or of another target into the run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct DataSettings {
+    target: PathBuf,
+    prompts: Option<PathBuf>,
+    num_prompts: usize,
+    held_out: usize,
+    max_new_tokens: usize,
+}
+
+/// Writes `data.json` in `work` (atomically) on the first run; on a resume, refuses settings
+/// that differ from it, naming each flag with the stored and the given value.
+fn check_data_settings(work: &Path, now: &DataSettings) -> Result<()> {
+    let path = work.join("data.json");
+    if !path.exists() {
+        let tmp = work.join("data.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(now)?)?;
+        return std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()));
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let was: DataSettings = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    let show = |p: &Option<PathBuf>| p.as_ref().map_or("the built-in set".to_string(), |p| p.display().to_string());
+    let differences: Vec<String> = [
+        ("--target", was.target.display().to_string(), now.target.display().to_string()),
+        ("--prompts", show(&was.prompts), show(&now.prompts)),
+        ("--num-prompts", was.num_prompts.to_string(), now.num_prompts.to_string()),
+        ("--held-out", was.held_out.to_string(), now.held_out.to_string()),
+        ("--max-new-tokens", was.max_new_tokens.to_string(), now.max_new_tokens.to_string()),
+    ]
+    .into_iter()
+    .filter(|(_, w, n)| w != n)
+    .map(|(flag, w, n)| format!("{flag}: {w} -> {n}"))
+    .collect();
+    if !differences.is_empty() {
+        bail!(
+            "{} holds the answers of a run with other data settings ({}); pass the same values or another --work-dir",
+            work.display(),
+            differences.join(", ")
+        );
+    }
     Ok(())
 }
 

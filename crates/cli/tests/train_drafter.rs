@@ -90,6 +90,15 @@ fn trains_resumes_calibrates_and_drafts() {
     let refused = mlx_spec(&other);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("block_size: 4 -> 5"), "{err}");
+    // And answers of another length or to other prompts: they would mix into the run's data.
+    let mut other = args.to_vec();
+    let len = other.iter().position(|a| *a == "--max-new-tokens").unwrap() + 1;
+    other[len] = "32";
+    let count = other.iter().position(|a| *a == "--num-prompts").unwrap() + 1;
+    other[count] = "5";
+    let refused = mlx_spec(&other);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("--num-prompts: 6 -> 5, --max-new-tokens: 24 -> 32"), "{err}");
 }
 
 #[test]

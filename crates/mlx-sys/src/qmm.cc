@@ -64,7 +64,7 @@ struct Problem {
   // bf16 precision only: x rounded to bf16, each 32-block in the lane order of the weights'
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
-  // int8 precision only (`prepare_int8`): x quantized to int8 per block of 32 in the lane
+  // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32 in the lane
   // order of the weights' 64-chunks, row stride k64() bytes; each lane's block scale, 16
   // floats per chunk (row stride k64() / 4); the exact f32 sum of each scale group of x (row
   // stride groups()).
@@ -527,7 +527,8 @@ void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_s
       const int g1 = std::min(groups, g0 + block);
       for (int pass = 0; pass < passes; ++pass) {
         const int m0 = pass * group;
-        rows(p.rows(m0, std::min(group, p.m - m0)), t0, t1, g0, g1, Carry{carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32, t0});
+        float* pass_carry = carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32;
+        rows(p.rows(m0, std::min(group, p.m - m0)), t0, t1, g0, g1, Carry{pass_carry, t0});
       }
     }
   }
@@ -828,7 +829,7 @@ bool cpu_has_avx512_bf16() { return false; }
 // ---------------------------------------------------------------------------------------
 // int8 precision (opt-in; mlx-core's `Precision::Int8`): llama.cpp's arithmetic on MLX's
 // weights. Each block of 32 activations is quantized to int8 with its own scale (llama.cpp's
-// Q8_0: d = amax / 127, q = round(x / d), ties to even), once per call (`prepare_int8`); the
+// Q8_0: d = amax / 127, q = round(x / d), ties to even), once per call (`prepare_int8_row`); the
 // products of the 4- or 8-bit weight codes with the int8 activations are exact integer dot
 // products (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction), scaled in f32. With
 // `w = scale_g * q + bias_g`, a row's result is
@@ -1027,29 +1028,40 @@ INT8_FN_ALWAYS float bias_term(const Problem& p, int n, int m) {
   return reduce16(a);
 }
 
+// Chunk c of weight rows n .. n + R applied to M activation rows, into accumulator U (= c % 2,
+// a template argument so that the accumulators stay in registers).
+template <int BITS, int GS, int R, int M, int U>
+INT8_FN_ALWAYS void int8_chunk(const Problem& p, int n, int c, __m512 (&acc)[R][M][2]) {
+  const bool half = c == p.k / 64;  // only a row's last chunk can be half
+  const size_t k64 = static_cast<size_t>(p.k64());
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
+    const uint32_t* wr = p.w_row(n + r);
+    if constexpr (M == 1) prefetch_ahead(wr + c * 2 * BITS);
+    const __m512i w = codes64<BITS>(wr, c, half);
+    const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(p.xq + m * k64 + 64 * c));
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(p.xd + m * (k64 / 4) + 16 * c));
+      acc[r][m][U] = _mm512_fmadd_ps(t, s, acc[r][m][U]);
+    }
+  }
+}
+
 // Weight rows n .. n + R of M activation rows over the scale groups [g_begin, g_end) (whole
 // chunks: blocks of groups start on a chunk), as rows_avx512_regs.
 template <int BITS, int GS, int R, int M>
 INT8_FN_ALWAYS void rows_int8_regs(const Problem& p, int n, int g_begin, int g_end, Carry carry) {
-  const int words = p.words(), groups = p.groups(), k64 = p.k64();
-  const int c_begin = g_begin * GS / 64, c_end = (g_end * GS + 63) / 64, full = p.k / 64;
-  const uint32_t* wr = p.w_row(n);
+  const int c_end = (g_end * GS + 63) / 64;
   __m512 acc[R][M][2];
   carry_in<R, M>(acc, n, g_begin, carry);
-  for (int c = c_begin; c < c_end; ++c) {
-    const bool half = c == full;  // only a row's last chunk can be half
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-      if constexpr (M == 1) prefetch_ahead(wr + r * words + c * 2 * BITS);
-      const __m512i w = codes64<BITS>(wr + r * words, c, half);
-      const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
-      _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(p.xq + m * static_cast<size_t>(k64) + 64 * c));
-        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(p.xd + m * static_cast<size_t>(k64 / 4) + 16 * c));
-        acc[r][m][c % 2] = _mm512_fmadd_ps(t, s, acc[r][m][c % 2]);
-      }
-    }
+  int c = g_begin * GS / 64;
+  if (c % 2 == 1 && c < c_end) int8_chunk<BITS, GS, R, M, 1>(p, n, c++, acc);
+  for (; c + 2 <= c_end; c += 2) {
+    int8_chunk<BITS, GS, R, M, 0>(p, n, c, acc);
+    int8_chunk<BITS, GS, R, M, 1>(p, n, c + 1, acc);
   }
-  if (g_end < groups) return carry_out<R, M>(acc, p, n, false, carry, Reduce16{});
+  if (c < c_end) int8_chunk<BITS, GS, R, M, 0>(p, n, c, acc);
+  if (g_end < p.groups()) return carry_out<R, M>(acc, p, n, false, carry, Reduce16{});
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
       p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1])) + bias_term(p, n + r, m);
