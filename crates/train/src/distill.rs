@@ -57,6 +57,9 @@ pub struct Answering<'p> {
     pub deadline: Option<Instant>,
 }
 
+/// A request's tokens, shared with its `on_token` callback.
+type Answer = Rc<RefCell<Vec<u32>>>;
+
 /// The target's greedy answer (up to `max_new_tokens`, stopping at any of `eos`, which is not
 /// kept) to each prompt of `prompts` (token ids), decoded as `how` says; `on_sample` is called
 /// with each [`Sample`] as it finishes (answers finish out of prompt order). Returns the
@@ -76,7 +79,7 @@ pub fn generate_samples(
     let cancel = Arc::new(AtomicBool::new(false));
     let mut batch = Batch::new(target);
     // Request id -> (prompt index, its tokens so far).
-    let mut running: HashMap<u64, (usize, Rc<RefCell<Vec<u32>>>)> = HashMap::new();
+    let mut running: HashMap<u64, (usize, Answer)> = HashMap::new();
     let mut answered: Vec<Option<Sample>> = vec![None; prompts.len()];
     let mut next = 0;
     loop {
