@@ -47,7 +47,8 @@ impl Sample {
 /// request's rows with the same bits as that request alone, and exact-match acceptance keeps
 /// only the target's own tokens (`spec::batch`'s batch invariance).
 pub struct Answering<'p> {
-    /// Opens the draft source of each request (the default suffix drafter, or none).
+    /// Opens the draft source of each request (`train-drafter` uses the default suffix
+    /// drafter).
     pub drafts: &'p dyn DraftProvider,
     /// The most drafts per round (γ; 0: plain decoding steps).
     pub num_draft_tokens: usize,
