@@ -18,7 +18,7 @@ use spec::prompts::{Prompt, load_prompts};
 use spec::providers::{DraftTarget, DrafterSpec, SuffixSpec};
 use train::calibrate::calibrate;
 use train::distill::{Answering, Sample, TeacherStates, append_sample, generate_samples, read_samples, teacher_states};
-use train::init::{DrafterShape, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
+use train::init::{DrafterShape, Init, check_shape, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
 
 use crate::progress::styled_bar;
@@ -87,6 +87,11 @@ pub struct TrainDrafterArgs {
     /// chat template does not use and that is neither BOS nor EOS].
     #[arg(long)]
     mask_token_id: Option<u32>,
+    /// How the drafter's layers start: `random` (DeepSpec's initialisation) or `target`
+    /// (draft layer j copies the target's layer L - L_d + j, fc selects the last tap;
+    /// `train::init::Init`). Only a fresh run uses it; a resume must name the same.
+    #[arg(long, default_value = "random")]
+    init: Init,
     /// Seed of the initial weights, the sample order and the anchors.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -233,7 +238,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     let held_teacher = teach(&target, &held, &shape.tap_layers, "held-out states")?;
 
     // 3. Train (or resume).
-    let weights = new_drafter_weights(&target_dir, &config, &shape, a.seed)?;
+    let weights = new_drafter_weights(&target_dir, &config, &shape, a.seed, a.init)?;
     let settings = RunSettings {
         steps: a.steps,
         lr: a.lr,
@@ -243,6 +248,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         num_anchors: a.num_anchors,
         seed: a.seed,
         checkpoint_every: a.checkpoint_every,
+        init: a.init,
     };
     let mut run = Run::open(&work, &a.out, drafter_config(&config, &shape), weights, settings)?;
     if run.step() > 0 {

@@ -133,11 +133,46 @@ pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
     c
 }
 
+/// Where a new drafter's layers start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Init {
+    /// Every trainable weight drawn as [`initial_weights`] draws it (DeepSpec's
+    /// `_init_weights`).
+    #[default]
+    Random,
+    /// Draft layer `j` of `L_d` starts as a copy of the target's decoder layer
+    /// `L - L_d + j` (attention and MLP projections, both norms; per-head `q_norm` / `k_norm`
+    /// when the target has them, else 1), `fc` selects the last tap (identity on its block,
+    /// zero on the others) and `hidden_norm` is the input norm of the first copied layer. With
+    /// the last tap at layer `L - L_d - 1` (the default taps end at `L - 3`: exactly so for two
+    /// draft layers), the first draft layer's context keys and values start as the target
+    /// layer's own (up to the per-head norms, which the target may lack). Layer copying as
+    /// draft-model initialisation: an mlx-spec choice, not DeepSpec's (DeepSpec draws every
+    /// weight); the Markov and confidence heads are drawn as under `Random`. The target's
+    /// attention biases (qwen2) are not copied: the drafter has none.
+    Target,
+}
+
+impl std::str::FromStr for Init {
+    type Err = String;
+
+    /// `random` or `target`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "random" => Ok(Init::Random),
+            "target" => Ok(Init::Target),
+            _ => Err(format!("{s:?}: expected random or target")),
+        }
+    }
+}
+
 /// The weights of a new drafter of `shape` for the target in `target_dir`: the frozen
 /// `embed_tokens` and `lm_head` (the target's input embedding and LM head, f32, dequantized
 /// when stored quantized; the embedding when tied), the final `norm` initialised to the
 /// target's final norm (so that `lm_head(norm(x))` starts on the target's logit scale), and
-/// the rest from [`initial_weights`].
+/// the rest from [`initial_weights`], overwritten by the target's layers under
+/// [`Init::Target`].
 ///
 /// # Errors
 /// [`Error::Model`] when the target's files lack those tensors or are malformed.
@@ -146,10 +181,12 @@ pub fn new_drafter_weights(
     target: &ModelConfig,
     shape: &DrafterShape,
     seed: u64,
+    init: Init,
 ) -> Result<BTreeMap<String, Array>> {
     let config_path = target_dir.join("config.json");
     let quant = QuantizationConfig::from_config(target, &config_path)?;
     let mut weights = Weights::load(target_dir)?;
+    let has_qk_norms = weights.contains("model.layers.0.self_attn.q_norm.weight");
     let mut dense = |base: &str| -> Result<Array> {
         let w = weights.take(&format!("{base}.weight"))?;
         let w = match (quant.spec_for(base), weights.take_opt(&format!("{base}.scales"))) {
@@ -165,6 +202,44 @@ pub fn new_drafter_weights(
     let head = if target.tied_embeddings() { embed.clone() } else { dense("lm_head")? };
     let final_norm = dense("model.norm")?;
     let mut t = initial_weights(target, shape, seed)?;
+    if init == Init::Target {
+        let first = target.num_hidden_layers.checked_sub(shape.layers).ok_or_else(|| Error::Config {
+            setting: "layers",
+            message: format!(
+                "{} draft layers cannot start as copies of a {}-layer target's last layers",
+                shape.layers, target.num_hidden_layers
+            ),
+        })?;
+        for j in 0..shape.layers {
+            let (d, s) = (format!("layers.{j}"), format!("model.layers.{}", first + j));
+            for m in [
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+                "input_layernorm",
+                "post_attention_layernorm",
+            ] {
+                t.insert(format!("{d}.{m}.weight"), dense(&format!("{s}.{m}"))?);
+            }
+            for m in ["self_attn.q_norm", "self_attn.k_norm"].iter().filter(|_| has_qk_norms) {
+                t.insert(format!("{d}.{m}.weight"), dense(&format!("{s}.{m}"))?);
+            }
+        }
+        let (h, taps) = (target.hidden_size as i32, shape.tap_layers.len() as i32);
+        let (h, width) = (h as usize, (taps * h) as usize);
+        let mut select_last = vec![0f32; h * width];
+        for r in 0..h {
+            select_last[r * width + width - h + r] = 1.0;
+        }
+        let select_last = Array::from_slice(&select_last, &[h as i32, width as i32])?;
+        t.insert("fc.weight".into(), select_last);
+        let first_norm = t["layers.0.input_layernorm.weight"].clone();
+        t.insert("hidden_norm.weight".into(), first_norm);
+    }
     let head = match &shape.draft_vocab {
         Some(ids) => {
             let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();

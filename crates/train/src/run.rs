@@ -43,6 +43,9 @@ pub struct RunSettings {
     pub seed: u64,
     /// Write the drafter and the optimizer state every this many steps.
     pub checkpoint_every: u64,
+    /// How the drafter's weights started (a run stored before this field: `random`).
+    #[serde(default)]
+    pub init: crate::init::Init,
 }
 
 /// What a step reports.

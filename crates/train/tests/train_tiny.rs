@@ -10,7 +10,7 @@ use models::{GenerateParams, LoadOptions, ModelConfig, Sampler, Transformer, loa
 use spec::dspark::DSparkProvider;
 use spec::{DraftProvider, SpecOptions, speculative_generate};
 use train::distill::{Answering, Sample, TeacherStates, generate_samples, teacher_states};
-use train::init::{DrafterShape, drafter_config, frequent_tokens, new_drafter_weights};
+use train::init::{DrafterShape, Init, drafter_config, frequent_tokens, new_drafter_weights};
 use train::run::{Run, RunSettings};
 
 fn prompts(seed: u64, n: usize) -> Vec<(String, Vec<u32>)> {
@@ -127,6 +127,7 @@ fn settings(checkpoint_every: u64) -> RunSettings {
         num_anchors: 16,
         seed: 9,
         checkpoint_every,
+        init: Init::Random,
     }
 }
 
@@ -140,7 +141,7 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
     assert_eq!(shape.tap_layers, vec![0, 1, 2]);
     let teacher: Vec<TeacherStates> =
         samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
-    let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
+    let weights = new_drafter_weights(&target_dir, &config, &shape, 3, Init::Random).unwrap();
     let settings = settings(50);
     let cfg = drafter_config(&config, &shape);
     let open = |name: &str| {
@@ -193,7 +194,7 @@ fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
     };
     let teacher: Vec<TeacherStates> =
         samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
-    let weights = new_drafter_weights(&target_dir, &config, &shape, 3).unwrap();
+    let weights = new_drafter_weights(&target_dir, &config, &shape, 3, Init::Random).unwrap();
     assert_eq!(weights["lm_head.weight"].shape(), vec![k, 64]);
     assert_eq!(weights["markov_head.markov_w2.weight"].shape(), vec![k, 16]);
     let settings = settings(200);
@@ -216,4 +217,37 @@ fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
     let p = d.propose(&mut ctx, 5, 0.0).unwrap();
     assert!(p.all_drafts.iter().all(|t| vocab.binary_search(t).is_ok()), "{:?}", p.all_drafts);
     assert_eq!(p.logits.shape(), vec![1, 4, 256]);
+}
+
+/// `Init::Target`: draft layer `j` starts as the target's layer `L - L_d + j` (projections,
+/// norms, per-head norms), `hidden_norm` as that first layer's input norm, and `fc` passes the
+/// last tap through unchanged.
+#[test]
+fn a_drafter_initialised_from_the_target_copies_its_last_layers_and_selects_the_last_tap() {
+    let tmp = tempfile::tempdir().unwrap();
+    test_support::dspark::write_tiny_target(tmp.path(), 5, 0.3).unwrap();
+    let config = ModelConfig::from_dir(tmp.path()).unwrap();
+    let shape = DrafterShape { layers: 2, block_size: 4, markov_rank: 16, ..DrafterShape::for_target(&config, 0) };
+    let w = new_drafter_weights(tmp.path(), &config, &shape, 3, Init::Target).unwrap();
+    let target = models::weights::Weights::load(tmp.path()).unwrap();
+    let first = config.num_hidden_layers - 2;
+    let bytes = |a: &mlx_core::Array| a.astype(Dtype::Float32).unwrap().to_bytes().unwrap();
+    for j in 0..2 {
+        for m in ["self_attn.q_proj", "self_attn.o_proj", "self_attn.q_norm", "mlp.down_proj", "input_layernorm"] {
+            let source = target.get(&format!("model.layers.{}.{m}.weight", first + j)).unwrap();
+            assert_eq!(bytes(&w[&format!("layers.{j}.{m}.weight")]), bytes(source), "layers.{j}.{m}");
+        }
+    }
+    assert_eq!(
+        bytes(&w["hidden_norm.weight"]),
+        bytes(target.get(&format!("model.layers.{first}.input_layernorm.weight")).unwrap())
+    );
+    let taps = shape.tap_layers.len() as i32;
+    let h = config.hidden_size as i32;
+    let f = mlx_core::random::normal(&[3, taps * h], Dtype::Float32, 0.0, 1.0, &mlx_core::random::Key::new(4)).unwrap();
+    let through = f.matmul(&w["fc.weight"].transpose(&[1, 0]).unwrap()).unwrap();
+    assert_eq!(bytes(&through), bytes(&f.slice_axis(1, (taps - 1) * h, taps * h).unwrap()));
+    // Under the default initialisation nothing is copied.
+    let r = new_drafter_weights(tmp.path(), &config, &shape, 3, Init::Random).unwrap();
+    assert_ne!(bytes(&r["layers.0.mlp.down_proj.weight"]), bytes(&w["layers.0.mlp.down_proj.weight"]));
 }
