@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use mlx_core::io::model_dir::{write_atomic, write_json};
 use models::tokenizer::Tokenizer;
 use models::{ModelConfig, load_model};
 use spec::prompts::{Prompt, load_prompts};
@@ -87,10 +88,10 @@ pub struct TrainDrafterArgs {
     /// chat template does not use and that is neither BOS nor EOS].
     #[arg(long)]
     mask_token_id: Option<u32>,
-    /// How the drafter's layers start: `random` (DeepSpec's initialisation) or `target`
-    /// (draft layer j copies the target's layer L - L_d + j, fc selects the last tap;
-    /// `train::init::Init`). Only a fresh run uses it; a resume must name the same.
-    #[arg(long, default_value = "random")]
+    /// How the drafter's layers start: `target` (draft layer j copies the target's layer
+    /// L - L_d + j, fc passes the last tap through; `train::init::Init`) or `random`
+    /// (DeepSpec's initialisation). Only a fresh run uses it; a resume must name the same.
+    #[arg(long, default_value = "target")]
     init: Init,
     /// Seed of the initial weights, the sample order and the anchors.
     #[arg(long, default_value_t = 0)]
@@ -219,7 +220,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
                 .with_context(|| format!("reading {}", path.display()))?
         } else {
             let ids = frequent_tokens(&samples, k, &eos);
-            std::fs::write(&path, serde_json::to_string(&ids)?)?;
+            write_atomic(&path, serde_json::to_string(&ids)?.as_bytes())?;
             ids
         };
         let covered: usize =
@@ -356,9 +357,7 @@ struct DataSettings {
 fn check_data_settings(work: &Path, now: &DataSettings) -> Result<()> {
     let path = work.join("data.json");
     if !path.exists() {
-        let tmp = work.join("data.json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(now)?)?;
-        return std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()));
+        return Ok(write_json(&path, now)?);
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let was: DataSettings = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;

@@ -90,6 +90,12 @@ fn trains_resumes_calibrates_and_drafts() {
     let refused = mlx_spec(&other);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("block_size: 4 -> 5"), "{err}");
+    // And another initialisation (the default starts from the target).
+    let mut other = args.to_vec();
+    other.extend(["--init", "random"]);
+    let refused = mlx_spec(&other);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("init: \"target\" -> \"random\""), "{err}");
     // And answers of another length or to other prompts: they would mix into the run's data.
     let mut other = args.to_vec();
     let len = other.iter().position(|a| *a == "--max-new-tokens").unwrap() + 1;

@@ -514,10 +514,7 @@ impl CurveCache {
         if let Some(parent) = self.path.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
-        let tmp = self.path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, v.to_string()).is_ok() {
-            let _ = std::fs::rename(&tmp, &self.path);
-        }
+        let _ = mlx_core::io::model_dir::write_atomic(&self.path, v.to_string().as_bytes());
     }
 }
 

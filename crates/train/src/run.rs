@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use drafter::training::{TrainingSequence, sample_anchors};
 use drafter::{Drafter, DrafterConfig};
+use mlx_core::io::model_dir::write_json;
 use mlx_core::{Array, KernelPolicy, autograd};
 use models::LoadOptions;
 use models::weights::Weights;
@@ -382,10 +383,7 @@ impl Run {
         }
         let state = RunState { settings: self.settings.clone(), step: self.step, drafter: Some(drafter) };
         let path = self.dir.join("run.json");
-        let tmp = self.dir.join(".run.json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&state).expect("the state serializes"))
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| Error::State { path, message: e.to_string() })
+        write_json(&path, &state).map_err(|e| Error::State { path, message: e.to_string() })
     }
 
     /// Teacher-forced evaluation on `samples` (all anchors of each, no gradient): the mean

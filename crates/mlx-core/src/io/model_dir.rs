@@ -174,18 +174,33 @@ impl ShardPlan {
 }
 
 /// Writes `v` as JSON with 4-space indentation and a trailing newline (mlx-lm's
-/// `json.dump(..., indent=4)`).
+/// `json.dump(..., indent=4)`), atomically ([`write_atomic`]).
 ///
 /// # Errors
 /// [`Error::File`] naming `path` when it cannot be written.
-pub fn write_json(path: &Path, v: &Value) -> Result<()> {
-    use serde::Serialize;
+pub fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<()> {
     let mut buf = Vec::new();
     let mut ser =
         serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
     v.serialize(&mut ser).map_err(|e| file_err(path, format!("cannot serialize JSON: {e}")))?;
     buf.push(b'\n');
-    std::fs::write(path, buf).map_err(|e| file_err(path, format!("cannot write: {e}")))
+    write_atomic(path, &buf)
+}
+
+/// Writes `bytes` to `path` through a hidden temporary file beside it (`.NAME.tmp-PID`, so
+/// that two processes writing the same file do not share one), renamed into place once
+/// complete: a reader sees the old file or the new one, never a part.
+///
+/// # Errors
+/// [`Error::File`] naming `path` when it cannot be written (the temporary file is removed).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let written = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        file_err(path, format!("cannot write: {e}"))
+    })
 }
 
 /// Whether `name` is a file a converted model directory takes from its source: tokenizer
