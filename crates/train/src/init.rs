@@ -234,8 +234,7 @@ pub fn new_drafter_weights(
                 t.insert(format!("{d}.{m}.weight"), dense(&format!("{s}.{m}"))?);
             }
         }
-        let (h, taps) = (target.hidden_size as i32, shape.tap_layers.len() as i32);
-        let (h, width) = (h as usize, (taps * h) as usize);
+        let (h, width) = (target.hidden_size, shape.tap_layers.len() * target.hidden_size);
         let mut select_last = vec![0f32; h * width];
         for r in 0..h {
             select_last[r * width + width - h + r] = 1.0;
