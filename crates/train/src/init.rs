@@ -178,10 +178,13 @@ impl std::str::FromStr for Init {
 /// when stored quantized; the embedding when tied), the final `norm` initialised to the
 /// target's final norm (so that `lm_head(norm(x))` starts on the target's logit scale), and
 /// the rest from [`initial_weights`], overwritten by the target's layers under
-/// [`Init::Target`].
+/// [`Init::Target`]. Every tensor is f32: matrices `[out, in]` as the target stores them,
+/// `fc.weight` `[H, taps * H]`, norms `[H]` (per-head norms `[head_dim]`).
 ///
 /// # Errors
-/// [`Error::Model`] when the target's files lack those tensors or are malformed.
+/// [`Error::Model`] when the target's files lack those tensors or are malformed;
+/// [`Error::Config`] (`layers`) under [`Init::Target`] when the drafter has more layers than
+/// the target.
 pub fn new_drafter_weights(
     target_dir: &Path,
     target: &ModelConfig,
