@@ -320,6 +320,9 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         fmt(&cal.fitted),
         if cal.stored { "stored" } else { "not stored (no lower ECE than without them), temperatures 1" }
     );
+    let by_domain = data.greedy_tau_by_domain();
+    let per: Vec<String> = by_domain.iter().map(|(d, (n, tau))| format!("{d} {tau:.2} ({n} blocks)")).collect();
+    println!("greedy tau by domain: {}", per.join(", "));
     let report = serde_json::json!({
         "steps": run.step(),
         "minutes": started.elapsed().as_secs_f64() / 60.0,
@@ -329,6 +332,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "held_out_blocks": data.accepted.len(),
         "greedy_tau": data.greedy_tau(),
         "greedy_prefix_acceptance": prefix,
+        "greedy_tau_by_domain": by_domain.iter().map(|(d, (n, tau))| (d.clone(), serde_json::json!({"blocks": n, "greedy_tau": tau}))).collect::<serde_json::Map<_, _>>(),
         "confidence_temperatures": cal.temperatures,
         "sts_fitted_temperatures": cal.fitted,
         "sts_stored": cal.stored,
@@ -337,7 +341,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "ece_before_by_position": cal.before.0,
         "ece_after_by_position": cal.after.0,
     });
-    std::fs::write(work.join("held_out_eval.json"), serde_json::to_string_pretty(&report)?)?;
+    mlx_core::io::model_dir::write_json(&work.join("held_out_eval.json"), &report)?;
     Ok(())
 }
 

@@ -21,16 +21,19 @@ pub struct ConfidenceData {
     pub logits: Vec<Vec<f32>>,
     /// Per block, whether slot `k`'s draft is the target's token.
     pub accepted: Vec<Vec<bool>>,
+    /// Per block, the domain of its sequence (the prompt source before `:`, `"gsm8k"`).
+    pub domains: Vec<String>,
 }
 
 impl ConfidenceData {
-    /// Adds the blocks of one teacher-forced forward (all blocks of a sequence, as
-    /// [`crate::run::Run::evaluate`] runs it): each block's confidence logits over its trained
-    /// prefix, and whether each slot's greedy draft is the label.
+    /// Adds the blocks of one teacher-forced forward (all blocks of a sequence of prompt
+    /// source `source`, as [`crate::run::Run::evaluate`] runs it): each block's confidence
+    /// logits over its trained prefix, and whether each slot's greedy draft is the label.
     ///
     /// # Errors
     /// [`crate::Error::Config`] for a drafter without confidence head; MLX failures.
-    pub fn add(&mut self, o: &TrainingOutputs) -> Result<()> {
+    pub fn add(&mut self, o: &TrainingOutputs, source: &str) -> Result<()> {
+        let domain = source.split(':').next().unwrap_or(source);
         let Some(conf) = &o.confidence_logits else {
             let message = "the drafter has no confidence head".to_string();
             return Err(crate::Error::Config { setting: "confidence head", message });
@@ -48,6 +51,7 @@ impl ConfidenceData {
             }
             self.logits.push(logits[r.start..r.start + len].to_vec());
             self.accepted.push((r.start..r.start + len).map(|i| drafts[i] == labels[i]).collect());
+            self.domains.push(domain.to_string());
         }
         Ok(())
     }
@@ -59,6 +63,18 @@ impl ConfidenceData {
     pub fn greedy_tau(&self) -> f64 {
         let n = self.accepted.len().max(1) as f64;
         self.accepted.iter().map(|a| 1.0 + a.iter().take_while(|&&x| x).count() as f64).sum::<f64>() / n
+    }
+
+    /// [`ConfidenceData::greedy_tau`] per domain, with its number of blocks.
+    pub fn greedy_tau_by_domain(&self) -> std::collections::BTreeMap<String, (usize, f64)> {
+        let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+        for (a, d) in self.accepted.iter().zip(&self.domains) {
+            let e = by.entry(d.clone()).or_default();
+            e.0 += 1;
+            e.1 += 1.0 + a.iter().take_while(|&&x| x).count() as f64;
+        }
+        by.values_mut().for_each(|(n, sum)| *sum /= *n as f64);
+        by
     }
 
     /// Per position `k`, the fraction of blocks reaching `k` whose prefix through `k` is
@@ -77,7 +93,12 @@ impl ConfidenceData {
         fn pick<T: Clone>(v: &[Vec<T>], parity: usize) -> Vec<Vec<T>> {
             v.iter().enumerate().filter(|(i, _)| i % 2 == parity).map(|(_, x)| x.clone()).collect()
         }
-        ConfidenceData { logits: pick(&self.logits, parity), accepted: pick(&self.accepted, parity) }
+        let domains = self.domains.iter().enumerate().filter(|(i, _)| i % 2 == parity).map(|(_, d)| d.clone());
+        ConfidenceData {
+            logits: pick(&self.logits, parity),
+            accepted: pick(&self.accepted, parity),
+            domains: domains.collect(),
+        }
     }
 
     /// Per position `k`, the pairs (cumulative confidence through `k`, whether the prefix
@@ -269,5 +290,21 @@ mod tests {
         let temps = fit_sts(&data, 2);
         assert!(temps[0] > 1.4 && temps[0] < 3.0, "{temps:?}");
         assert_eq!(temps[1], 1.0, "{temps:?}");
+    }
+
+    /// Greedy tau per domain counts each domain's blocks only, and the halves keep each
+    /// block's domain.
+    #[test]
+    fn greedy_tau_is_reported_per_domain() {
+        let data = ConfidenceData {
+            logits: vec![vec![0.0; 3]; 3],
+            accepted: vec![vec![true, true, false], vec![false, true, true], vec![true, false, false]],
+            domains: vec!["gsm8k".into(), "mt-bench".into(), "gsm8k".into()],
+        };
+        let by = data.greedy_tau_by_domain();
+        assert_eq!(by["gsm8k"], (2, 2.5));
+        assert_eq!(by["mt-bench"], (1, 1.0));
+        assert!((data.greedy_tau() - 2.0).abs() < 1e-12);
+        assert_eq!(data.half(0).domains, vec!["gsm8k".to_string(), "gsm8k".to_string()]);
     }
 }

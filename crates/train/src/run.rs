@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use drafter::training::{TrainingSequence, sample_anchors};
 use drafter::{Drafter, DrafterConfig};
-use mlx_core::io::model_dir::write_json;
+use mlx_core::io::model_dir::{write_atomic, write_json};
 use mlx_core::{Array, KernelPolicy, autograd};
 use models::LoadOptions;
 use models::weights::Weights;
@@ -190,7 +190,7 @@ impl Run {
         let log = dir.join("losses.jsonl");
         let kept = read_reports(&log, step)?;
         let text: String = kept.iter().map(|r| serde_json::to_string(r).expect("a report serializes") + "\n").collect();
-        std::fs::write(&log, text).map_err(|e| Error::State { path: log.clone(), message: e.to_string() })?;
+        write_atomic(&log, text.as_bytes()).map_err(|e| Error::State { path: log.clone(), message: e.to_string() })?;
         Ok(Run {
             dir: dir.into(),
             out: out.into(),
@@ -405,7 +405,7 @@ impl Run {
             let out = d.training_forward(&seq, &anchors)?;
             let terms = self.loss.terms(&out)?;
             if self.config.confidence_head {
-                sum.confidence.add(&out)?;
+                sum.confidence.add(&out, &s.source)?;
             }
             sum.loss += terms.total.item()?;
             sum.expected_tau += terms.expected_tau.item()?;

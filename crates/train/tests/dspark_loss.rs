@@ -123,3 +123,60 @@ fn check_golden(checkpoint: &str, golden: &str) {
         }
     }
 }
+
+/// The training forward's blocks are the inference draft calls: for an anchor `p` of a golden
+/// sequence whose next tokens are the drafter's own greedy drafts (so the training forward's
+/// teacher-forced Markov inputs equal the inference walk's), the Markov-corrected logits and
+/// the confidence logits of every slot of [`Drafter::propose`] over a context of the taps at
+/// positions `0 .. p` equal the training forward's block anchored at `p`. A mismatch here
+/// (positions, the context's reach, the taps' order) would train a drafter for other inputs
+/// than it sees when drafting.
+fn check_training_is_inference(checkpoint: &str, golden: &str, kernels: &KernelPolicy, tol: f32) {
+    let golden = io::load_safetensors(fixtures().join(golden)).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(&golden.metadata["golden"]).unwrap();
+    let dir = fixtures().join(checkpoint);
+    let config = DrafterConfig::from_dir(&dir).unwrap();
+    let b = config.block_size;
+    let all: BTreeMap<String, Array> = io::load_safetensors(dir.join("model.safetensors"))
+        .unwrap()
+        .tensors
+        .into_iter()
+        .map(|(k, v)| (k, v.astype(Dtype::Float32).unwrap()))
+        .collect();
+    let load = LoadOptions { dtype: Some(Dtype::Float32), kernels: kernels.clone() };
+    let d = Drafter::from_weights(config.clone(), Weights::from_tensors(&dir, all), &load).unwrap();
+    let case = &meta["cases"][0];
+    let name = case["name"].as_str().unwrap();
+    let get = |k: &str| golden.get(&format!("{name}.{k}")).unwrap().clone();
+    let mut ids: Vec<u32> = get("input_ids").to_vec::<i32>().unwrap().into_iter().map(|t| t as u32).collect();
+    let (taps, hidden) = (get("taps"), get("target_last_hidden"));
+    let l = ids.len();
+    let width = taps.shape()[1];
+    for p in [1, l / 2, l - b - 1] {
+        let mut ctx = d.new_context();
+        d.ingest(&mut ctx, &taps.slice_axis(0, 0, p as i32).unwrap()).unwrap();
+        let proposal = d.propose(&mut ctx, ids[p], 0.0).unwrap();
+        // the sequence continues with the drafts, so that teacher forcing feeds what the walk fed
+        ids[p + 1..p + b].copy_from_slice(&proposal.all_drafts[..b - 1]);
+        let loss_mask: Vec<bool> = (0..l).map(|i| i >= p).collect();
+        let seq = TrainingSequence { input_ids: &ids, taps: &taps, target_hidden: &hidden, loss_mask: &loss_mask };
+        let out = d.training_forward(&seq, &[p]).unwrap();
+        let v = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+        let train_z = v(&out.draft_logits);
+        let infer_z = v(&proposal.logits);
+        let diff = max_rel(&infer_z, &train_z);
+        assert!(diff <= tol, "{checkpoint}, anchor {p} of {l} ({width}-wide taps): draft logits differ by {diff}");
+        let train_c = v(out.confidence_logits.as_ref().unwrap());
+        let diff = max_rel(proposal.confidence_logits.as_ref().unwrap(), &train_c);
+        assert!(diff <= tol, "{checkpoint}, anchor {p}: confidence logits differ by {diff}");
+    }
+}
+
+#[test]
+fn training_blocks_are_the_inference_draft_calls() {
+    for kernels in &[KernelPolicy::mlx(), KernelPolicy::default()] {
+        check_training_is_inference("qwen3", "train/loss_golden.safetensors", kernels, 1e-5);
+        check_training_is_inference("gemma4/k_eq_v", "train/loss_golden_gemma4_k_eq_v.safetensors", kernels, 1e-5);
+        check_training_is_inference("gemma4/v_proj", "train/loss_golden_gemma4_v_proj.safetensors", kernels, 1e-5);
+    }
+}
