@@ -251,7 +251,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         checkpoint_every: a.checkpoint_every,
         init: a.init,
     };
-    let mut run = Run::open(&work, &a.out, drafter_config(&config, &shape), weights, settings)?;
+    let mut run = Run::open(&work, &a.out, drafter_config(&config, &shape, a.num_anchors), weights, settings)?;
     if run.step() > 0 {
         eprintln!("resuming at step {} of {}", run.step(), a.steps);
     }

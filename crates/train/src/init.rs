@@ -94,9 +94,10 @@ pub fn default_taps(layers: usize) -> Vec<i64> {
     taps
 }
 
-/// The DeepSpec `config.json` of a `Qwen3DSparkModel` of `shape` for `target` (port spec
-/// §1.2: the target's dimensions plus the drafter fields).
-pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
+/// The DeepSpec `config.json` of a `Qwen3DSparkModel` of `shape` for `target`, trained with
+/// `num_anchors` blocks per sequence and step (port spec §1.2: the target's dimensions plus
+/// the drafter fields).
+pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape, num_anchors: usize) -> Value {
     let mut c = json!({
         "architectures": ["Qwen3DSparkModel"],
         "model_type": "qwen3",
@@ -119,7 +120,7 @@ pub fn drafter_config(target: &ModelConfig, shape: &DrafterShape) -> Value {
         "target_layer_ids": shape.tap_layers,
         "block_size": shape.block_size,
         "mask_token_id": shape.mask_token_id,
-        "num_anchors": 512,
+        "num_anchors": num_anchors,
         "markov_rank": shape.markov_rank,
         "markov_head_type": "vanilla",
         "enable_confidence_head": true,

@@ -86,11 +86,11 @@ struct RunState {
 
 /// The drafter config keys whose values differ between `a` and `b` (calibration excluded),
 /// as `key: a -> b`.
-fn config_changes(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
+fn config_changes(a: &serde_json::Value, b: &serde_json::Value, ignore: &[&str]) -> Vec<String> {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec![format!("{a} -> {b}")] };
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     keys.into_iter()
-        .filter(|k| k.as_str() != "confidence_temperatures" && a.get(*k) != b.get(*k))
+        .filter(|k| !ignore.contains(&k.as_str()) && a.get(*k) != b.get(*k))
         .map(|k| {
             let show = |v: Option<&serde_json::Value>| v.map_or("(none)".to_string(), |v| v.to_string());
             format!("{k}: {} -> {}", show(a.get(k)), show(b.get(k)))
@@ -101,7 +101,7 @@ fn config_changes(a: &serde_json::Value, b: &serde_json::Value) -> Vec<String> {
 /// The fields of two settings that differ, as `name: a -> b`.
 fn settings_changes(a: &RunSettings, b: &RunSettings) -> Vec<String> {
     match (serde_json::to_value(a), serde_json::to_value(b)) {
-        (Ok(a), Ok(b)) => config_changes(&a, &b),
+        (Ok(a), Ok(b)) => config_changes(&a, &b, &[]),
         _ => vec![format!("{a:?} -> {b:?}")],
     }
 }
@@ -166,7 +166,10 @@ impl Run {
                 );
                 return Err(Error::State { path: state_path, message });
             }
-            let changes = state.drafter.as_ref().map(|d| config_changes(d, &config_json)).unwrap_or_default();
+            // the temperatures are fitted after training; the anchors per step are a setting,
+            // compared above (runs before it was recorded in the config say 512)
+            let ignore = ["confidence_temperatures", "num_anchors"];
+            let changes = state.drafter.as_ref().map(|d| config_changes(d, &config_json, &ignore)).unwrap_or_default();
             if !changes.is_empty() {
                 let message = format!(
                     "the run here trains another drafter ({}, stored -> asked): resume it with the same --layers, \

@@ -143,7 +143,7 @@ fn a_drafter_trained_on_the_tiny_targets_own_answers_learns_to_draft_for_it() {
         samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
     let weights = new_drafter_weights(&target_dir, &config, &shape, 3, Init::Random).unwrap();
     let settings = settings(50);
-    let cfg = drafter_config(&config, &shape);
+    let cfg = drafter_config(&config, &shape, settings.num_anchors);
     let open = |name: &str| {
         let (work, out) = (tmp.path().join(format!("{name}-work")), tmp.path().join(name));
         Run::open(&work, &out, cfg.clone(), weights.clone(), settings.clone()).unwrap()
@@ -199,13 +199,22 @@ fn a_drafter_with_a_reduced_draft_vocabulary_trains_and_drafts_losslessly() {
     assert_eq!(weights["markov_head.markov_w2.weight"].shape(), vec![k, 16]);
     let settings = settings(200);
     let out = tmp.path().join("drafter");
-    let mut run =
-        Run::open(&tmp.path().join("work"), &out, drafter_config(&config, &shape), weights, settings).unwrap();
+    let mut run = Run::open(
+        &tmp.path().join("work"),
+        &out,
+        drafter_config(&config, &shape, settings.num_anchors),
+        weights,
+        settings,
+    )
+    .unwrap();
     let mut losses = Vec::new();
     run.train(&samples, &teacher, None, None, &mut |r| losses.push(r.loss)).unwrap();
     let d = Drafter::load(&out, &f32_options()).unwrap();
     assert_eq!(d.draft_vocab_ids(), Some(vocab.as_slice()));
     assert_eq!(d.config().draft_vocab_size, Some(vocab.len()));
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["num_anchors"], 16, "the config records the anchors per step it was trained with");
     let (tau, lossless) = acceptance(&target, &out, &prompts(2, 6));
     eprintln!("reduced vocabulary: loss {:.3} -> {:.3}, tau {tau:.2}", losses[0], losses[losses.len() - 1]);
     assert!(lossless);
