@@ -144,6 +144,10 @@ fn print_table(r: &AbReport) {
             by_pos.join(" ")
         );
     }
+    for arm in [&r.a, &r.b] {
+        let per: Vec<String> = arm.tau_by_domain.iter().map(|(d, tau)| format!("{d} {tau:.2}")).collect();
+        println!("{:<4} tau by domain: {}", arm.label, per.join(", "));
+    }
     println!(
         "acceptance drop {:.2} points (paired mean {:+.2}), speed B/A {:.3}x -> {}",
         r.acceptance_drop_points,

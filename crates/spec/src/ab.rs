@@ -51,6 +51,9 @@ pub struct ArmReport {
     pub drafted_by_pos: Vec<usize>,
     /// Per draft position `j`: drafts accepted there.
     pub accepted_by_pos: Vec<usize>,
+    /// [`ArmReport::tau`] per domain (a prompt's `source` before `:`, `"gsm8k"`), over that
+    /// domain's prompts.
+    pub tau_by_domain: std::collections::BTreeMap<String, f64>,
 }
 
 impl ArmReport {
@@ -73,6 +76,7 @@ impl ArmReport {
             tokens_per_s: 0.0,
             drafted_by_pos: vec![0; num_draft_tokens],
             accepted_by_pos: vec![0; num_draft_tokens],
+            tau_by_domain: Default::default(),
         }
     }
 
@@ -84,6 +88,19 @@ impl ArmReport {
         self.acceptance_rate = if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 };
         self.tau = if rounds > 0 { (accepted + rounds) as f64 / rounds as f64 } else { 0.0 };
         self.tokens_per_s = if decode_s > 0.0 { emitted as f64 / decode_s } else { 0.0 };
+        // (accepted, rounds) per domain
+        let mut by: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+        for p in &self.prompts {
+            let e = by.entry(p.source.split(':').next().unwrap_or(&p.source).to_string()).or_default();
+            e.0 += p.accepted;
+            e.1 += p.rounds;
+        }
+        self.tau_by_domain = by
+            .into_iter()
+            .map(|(d, (accepted, rounds))| {
+                (d, if rounds > 0 { (accepted + rounds) as f64 / rounds as f64 } else { 0.0 })
+            })
+            .collect();
     }
 }
 

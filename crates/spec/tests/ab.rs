@@ -47,7 +47,7 @@ fn ab_report_adds_up() {
     let prompts: Vec<Prompt> = (0..4)
         .map(|i| Prompt {
             kind: if i % 2 == 0 { PromptKind::Grounded } else { PromptKind::Free },
-            source: format!("tiny:{i}"),
+            source: format!("{}:{i}", if i < 2 { "one" } else { "two" }),
             prompt: "<0x01><0x02>".repeat(i + 2),
         })
         .collect();
@@ -61,6 +61,14 @@ fn ab_report_adds_up() {
         let drafted: usize = arm.prompts.iter().map(|p| p.drafted).sum();
         assert_eq!(drafted, arm.drafted_by_pos.iter().sum::<usize>());
         assert!(arm.acceptance_by_pos().iter().all(|r| (0.0..=1.0).contains(r)));
+        // tau per domain pools that domain's prompts only
+        assert_eq!(arm.tau_by_domain.keys().collect::<Vec<_>>(), ["one", "two"]);
+        for (d, tau) in &arm.tau_by_domain {
+            let of: Vec<_> = arm.prompts.iter().filter(|p| p.source.starts_with(&format!("{d}:"))).collect();
+            let rounds: usize = of.iter().map(|p| p.rounds).sum();
+            let accepted: usize = of.iter().map(|p| p.accepted).sum();
+            assert_eq!(*tau, (accepted + rounds) as f64 / rounds as f64, "{d}");
+        }
     }
     // A drafts for itself: everything is accepted.
     assert_eq!(report.a.acceptance_rate, 1.0);
@@ -107,7 +115,7 @@ fn the_ab_and_generate_build_the_same_ngram_drafter() {
     let prompts: Vec<Prompt> = (0..4)
         .map(|i| Prompt {
             kind: if i % 2 == 0 { PromptKind::Grounded } else { PromptKind::Free },
-            source: format!("tiny:{i}"),
+            source: format!("{}:{i}", if i < 2 { "one" } else { "two" }),
             prompt: (0..48)
                 .map(|_| {
                     x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
