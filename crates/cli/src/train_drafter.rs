@@ -304,8 +304,9 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     let prefix = data.prefix_acceptance(b);
     println!(
         "{} after {} of {} steps, {:.1} min\nheld-out (teacher-forced, {} blocks): loss {:.4}, expected tau {:.2}, \
-         greedy tau {:.2}, greedy prefix acceptance by position [{}]\nconfidence ECE {:.4} -> {:.4} with STS \
-         temperatures [{}]: {}",
+         greedy tau {:.2} with a block at every position and {:.2} in decoding (rounds replayed where the last \
+         ended), greedy prefix acceptance by position [{}]\nconfidence ECE {:.4} -> {:.4} with STS temperatures \
+         [{}]: {}",
         a.out.display(),
         run.step(),
         a.steps,
@@ -314,15 +315,19 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         eval.loss,
         eval.expected_tau,
         data.greedy_tau(),
+        data.decoding_tau(),
         fmt(&prefix),
         cal.before.1,
         cal.after.1,
         fmt(&cal.fitted),
         if cal.stored { "stored" } else { "not stored (no lower ECE than without them), temperatures 1" }
     );
-    let by_domain = data.greedy_tau_by_domain();
-    let per: Vec<String> = by_domain.iter().map(|(d, (n, tau))| format!("{d} {tau:.2} ({n} blocks)")).collect();
-    println!("greedy tau by domain: {}", per.join(", "));
+    let by_domain = data.tau_by_domain();
+    let per: Vec<String> = by_domain
+        .iter()
+        .map(|(d, t)| format!("{d} {:.2} / {:.2} ({} blocks)", t.greedy_tau, t.decoding_tau, t.blocks))
+        .collect();
+    println!("greedy tau by domain (every position / decoding): {}", per.join(", "));
     let report = serde_json::json!({
         "steps": run.step(),
         "minutes": started.elapsed().as_secs_f64() / 60.0,
@@ -332,7 +337,8 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "held_out_blocks": data.accepted.len(),
         "greedy_tau": data.greedy_tau(),
         "greedy_prefix_acceptance": prefix,
-        "greedy_tau_by_domain": by_domain.iter().map(|(d, (n, tau))| (d.clone(), serde_json::json!({"blocks": n, "greedy_tau": tau}))).collect::<serde_json::Map<_, _>>(),
+        "decoding_tau": data.decoding_tau(),
+        "tau_by_domain": by_domain,
         "confidence_temperatures": cal.temperatures,
         "sts_fitted_temperatures": cal.fitted,
         "sts_stored": cal.stored,

@@ -23,16 +23,22 @@ pub struct ConfidenceData {
     pub accepted: Vec<Vec<bool>>,
     /// Per block, the domain of its sequence (the prompt source before `:`, `"gsm8k"`).
     pub domains: Vec<String>,
+    /// Per block, its sequence (the number of the [`ConfidenceData::add`] call) and anchor
+    /// position.
+    pub anchors: Vec<(usize, usize)>,
+    /// Sequences added.
+    pub sequences: usize,
 }
 
 impl ConfidenceData {
-    /// Adds the blocks of one teacher-forced forward (all blocks of a sequence of prompt
-    /// source `source`, as [`crate::run::Run::evaluate`] runs it): each block's confidence
-    /// logits over its trained prefix, and whether each slot's greedy draft is the label.
+    /// Adds the blocks of one teacher-forced forward (the blocks anchored at `anchors` of a
+    /// sequence of prompt source `source`; [`crate::run::Run::evaluate`] anchors at every
+    /// candidate): each block's confidence logits over its trained prefix, and whether each
+    /// slot's greedy draft is the label.
     ///
     /// # Errors
     /// [`crate::Error::Config`] for a drafter without confidence head; MLX failures.
-    pub fn add(&mut self, o: &TrainingOutputs, source: &str) -> Result<()> {
+    pub fn add(&mut self, o: &TrainingOutputs, source: &str, anchors: &[usize]) -> Result<()> {
         let domain = source.split(':').next().unwrap_or(source);
         let Some(conf) = &o.confidence_logits else {
             let message = "the drafter has no confidence head".to_string();
@@ -52,7 +58,9 @@ impl ConfidenceData {
             self.logits.push(logits[r.start..r.start + len].to_vec());
             self.accepted.push((r.start..r.start + len).map(|i| drafts[i] == labels[i]).collect());
             self.domains.push(domain.to_string());
+            self.anchors.push((self.sequences, anchors[blk]));
         }
+        self.sequences += 1;
         Ok(())
     }
 
@@ -65,15 +73,59 @@ impl ConfidenceData {
         self.accepted.iter().map(|a| 1.0 + a.iter().take_while(|&&x| x).count() as f64).sum::<f64>() / n
     }
 
-    /// [`ConfidenceData::greedy_tau`] per domain, with its number of blocks.
-    pub fn greedy_tau_by_domain(&self) -> std::collections::BTreeMap<String, (usize, f64)> {
-        let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+    /// The tau of greedy speculative decoding itself, replayed on the teacher-forced blocks:
+    /// per sequence, the first round anchors at its first anchor and each next one where the
+    /// last ended (`p + accepted + 1`), until past its last anchor; emitted tokens over rounds.
+    /// The target's greedy tokens are the sequence, and a block anchored at `p` sees the taps
+    /// of positions `< p` as a draft call does there (`drafter/training.rs`), so this is what
+    /// decoding these prompts measures up to the first round (which anchors at the last prompt
+    /// token) and floating-point noise. It is below [`ConfidenceData::greedy_tau`] where
+    /// rounds start, after a rejection, at tokens that are harder to draft after. Only
+    /// meaningful when every candidate was anchored (as [`crate::run::Run::evaluate`] does).
+    pub fn decoding_tau(&self) -> f64 {
+        let (emitted, rounds) = self.replay(|_| true);
+        emitted as f64 / rounds.max(1) as f64
+    }
+
+    /// (emitted tokens, rounds) of [`ConfidenceData::decoding_tau`]'s replay over the blocks
+    /// `keep` accepts (by index).
+    fn replay(&self, keep: impl Fn(usize) -> bool) -> (usize, usize) {
+        let mut by_seq: std::collections::BTreeMap<usize, std::collections::BTreeMap<usize, usize>> =
+            Default::default();
+        for (i, (&(seq, p), a)) in self.anchors.iter().zip(&self.accepted).enumerate().filter(|(i, _)| keep(*i)) {
+            by_seq.entry(seq).or_default().insert(p, a.iter().take_while(|&&x| x).count());
+        }
+        let (mut emitted, mut rounds) = (0, 0);
+        for blocks in by_seq.values() {
+            let (Some((&first, _)), Some((&last, _))) = (blocks.first_key_value(), blocks.last_key_value()) else {
+                continue;
+            };
+            let mut p = first;
+            while p <= last {
+                // an anchor without a block: its first label is outside a reduced draft vocabulary
+                let n = blocks.get(&p).copied().unwrap_or(0);
+                emitted += n + 1;
+                rounds += 1;
+                p += n + 1;
+            }
+        }
+        (emitted, rounds)
+    }
+
+    /// Per domain: its blocks, [`ConfidenceData::greedy_tau`] and
+    /// [`ConfidenceData::decoding_tau`] over them.
+    pub fn tau_by_domain(&self) -> std::collections::BTreeMap<String, DomainTau> {
+        let mut by: std::collections::BTreeMap<String, DomainTau> = Default::default();
         for (a, d) in self.accepted.iter().zip(&self.domains) {
             let e = by.entry(d.clone()).or_default();
-            e.0 += 1;
-            e.1 += 1.0 + a.iter().take_while(|&&x| x).count() as f64;
+            e.blocks += 1;
+            e.greedy_tau += 1.0 + a.iter().take_while(|&&x| x).count() as f64;
         }
-        by.values_mut().for_each(|(n, sum)| *sum /= *n as f64);
+        for (d, e) in &mut by {
+            e.greedy_tau /= e.blocks as f64;
+            let (emitted, rounds) = self.replay(|i| &self.domains[i] == d);
+            e.decoding_tau = emitted as f64 / rounds.max(1) as f64;
+        }
         by
     }
 
@@ -90,14 +142,15 @@ impl ConfidenceData {
 
     /// The blocks with index `i % 2 == parity` (a split into two halves).
     pub fn half(&self, parity: usize) -> Self {
-        fn pick<T: Clone>(v: &[Vec<T>], parity: usize) -> Vec<Vec<T>> {
+        fn pick<T: Clone>(v: &[T], parity: usize) -> Vec<T> {
             v.iter().enumerate().filter(|(i, _)| i % 2 == parity).map(|(_, x)| x.clone()).collect()
         }
-        let domains = self.domains.iter().enumerate().filter(|(i, _)| i % 2 == parity).map(|(_, d)| d.clone());
         ConfidenceData {
             logits: pick(&self.logits, parity),
             accepted: pick(&self.accepted, parity),
-            domains: domains.collect(),
+            domains: pick(&self.domains, parity),
+            anchors: pick(&self.anchors, parity),
+            sequences: self.sequences,
         }
     }
 
@@ -122,6 +175,17 @@ impl ConfidenceData {
         let pooled: Vec<(f64, bool)> = per.iter().flatten().copied().collect();
         (per.iter().map(|p| ece(p)).collect(), ece(&pooled))
     }
+}
+
+/// One domain's share of a held-out evaluation ([`ConfidenceData::tau_by_domain`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct DomainTau {
+    /// Blocks of the domain.
+    pub blocks: usize,
+    /// Greedy tau with a block at every anchor.
+    pub greedy_tau: f64,
+    /// Greedy tau of the replayed decoding.
+    pub decoding_tau: f64,
 }
 
 /// Sequential Temperature Scaling over `positions` block positions: `T_k` from a log-spaced
@@ -300,11 +364,47 @@ mod tests {
             logits: vec![vec![0.0; 3]; 3],
             accepted: vec![vec![true, true, false], vec![false, true, true], vec![true, false, false]],
             domains: vec!["gsm8k".into(), "mt-bench".into(), "gsm8k".into()],
+            anchors: vec![(0, 5), (1, 5), (2, 5)],
+            sequences: 3,
         };
-        let by = data.greedy_tau_by_domain();
-        assert_eq!(by["gsm8k"], (2, 2.5));
-        assert_eq!(by["mt-bench"], (1, 1.0));
+        let by = data.tau_by_domain();
+        assert_eq!((by["gsm8k"].blocks, by["gsm8k"].greedy_tau), (2, 2.5));
+        assert_eq!((by["mt-bench"].blocks, by["mt-bench"].greedy_tau), (1, 1.0));
         assert!((data.greedy_tau() - 2.0).abs() < 1e-12);
         assert_eq!(data.half(0).domains, vec!["gsm8k".to_string(), "gsm8k".to_string()]);
+        assert_eq!(data.half(0).anchors, vec![(0, 5), (2, 5)]);
+    }
+
+    /// The decoding replay starts at a sequence's first anchor and jumps past what each round
+    /// accepted plus the bonus token; an anchor without a block drafts nothing.
+    #[test]
+    fn decoding_tau_replays_rounds_where_the_last_one_ended() {
+        let (t, f) = (true, false);
+        // sequence 0, anchors 10..=15: rounds at 10 (2 accepted), 13 (0), 14 (1, its second
+        // slot rejected), then 16 is past the last anchor
+        // sequence 1, anchors 3..=5 with no block at 4: rounds at 3 (0), 4 (none: 0), 5 (0)
+        let blocks = [
+            ((0, 10), vec![t, t, f]),
+            ((0, 11), vec![t, t, t]),
+            ((0, 12), vec![t, t, t]),
+            ((0, 13), vec![f, t, t]),
+            ((0, 14), vec![t, f]),
+            ((0, 15), vec![t]),
+            ((1, 3), vec![f, f, f]),
+            ((1, 5), vec![f]),
+        ];
+        let data = ConfidenceData {
+            logits: blocks.iter().map(|(_, a)| vec![0.0; a.len()]).collect(),
+            accepted: blocks.iter().map(|(_, a)| a.clone()).collect(),
+            domains: blocks.iter().map(|((s, _), _)| format!("d{s}")).collect(),
+            anchors: blocks.iter().map(|(p, _)| *p).collect(),
+            sequences: 2,
+        };
+        // sequence 0: 3 + 1 + 2 tokens in 3 rounds; sequence 1: 1 + 1 + 1 in 3
+        assert_eq!(data.replay(|_| true), (9, 6));
+        assert!((data.decoding_tau() - 1.5).abs() < 1e-12);
+        let by = data.tau_by_domain();
+        assert_eq!((by["d0"].decoding_tau, by["d1"].decoding_tau), (2.0, 1.0));
+        assert!(data.decoding_tau() < data.greedy_tau());
     }
 }

@@ -408,7 +408,7 @@ impl Run {
             let out = d.training_forward(&seq, &anchors)?;
             let terms = self.loss.terms(&out)?;
             if self.config.confidence_head {
-                sum.confidence.add(&out, &s.source)?;
+                sum.confidence.add(&out, &s.source, &anchors)?;
             }
             sum.loss += terms.total.item()?;
             sum.expected_tau += terms.expected_tau.item()?;
