@@ -92,7 +92,8 @@ impl ConfidenceData {
     fn replay(&self, keep: impl Fn(usize) -> bool) -> (usize, usize) {
         let mut by_seq: std::collections::BTreeMap<usize, std::collections::BTreeMap<usize, usize>> =
             Default::default();
-        for (_, (&(seq, p), a)) in self.anchors.iter().zip(&self.accepted).enumerate().filter(|(i, _)| keep(*i)) {
+        let kept = self.anchors.iter().zip(&self.accepted).enumerate().filter(|(i, _)| keep(*i));
+        for (&(seq, p), a) in kept.map(|(_, block)| block) {
             by_seq.entry(seq).or_default().insert(p, a.iter().take_while(|&&x| x).count());
         }
         let (mut emitted, mut rounds) = (0, 0);
