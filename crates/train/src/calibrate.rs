@@ -45,11 +45,15 @@ impl ConfidenceData {
             return Err(crate::Error::Config { setting: "confidence head", message });
         };
         let (blocks, b) = (o.eval_mask.shape()[0] as usize, o.eval_mask.shape()[1] as usize);
+        if anchors.len() != blocks {
+            let message = format!("{} anchors for a forward of {blocks} blocks", anchors.len());
+            return Err(crate::Error::Config { setting: "anchors", message });
+        }
         let drafts = o.draft_logits.argmax(-1, false)?.astype(Dtype::Int32)?.to_vec::<i32>()?;
         let labels = o.target_ids.to_vec::<i32>()?;
         let live = o.eval_mask.to_vec::<f32>()?;
         let logits = conf.to_vec::<f32>()?;
-        for blk in 0..blocks {
+        for (blk, &anchor) in anchors.iter().enumerate() {
             let r = blk * b..(blk + 1) * b;
             let len = live[r.clone()].iter().take_while(|&&m| m > 0.5).count();
             if len == 0 {
@@ -58,7 +62,7 @@ impl ConfidenceData {
             self.logits.push(logits[r.start..r.start + len].to_vec());
             self.accepted.push((r.start..r.start + len).map(|i| drafts[i] == labels[i]).collect());
             self.domains.push(domain.to_string());
-            self.anchors.push((self.sequences, anchors[blk]));
+            self.anchors.push((self.sequences, anchor));
         }
         self.sequences += 1;
         Ok(())
