@@ -302,6 +302,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     run.checkpoint()?;
     let fmt = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
     let prefix = data.prefix_acceptance(b);
+    let decoding_tau = data.decoding_tau();
     println!(
         "{} after {} of {} steps, {:.1} min\nheld-out (teacher-forced, {} blocks): loss {:.4}, expected tau {:.2}, \
          greedy tau {:.2} with a block at every position and {:.2} in decoding (rounds replayed where the last \
@@ -315,7 +316,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         eval.loss,
         eval.expected_tau,
         data.greedy_tau(),
-        data.decoding_tau(),
+        decoding_tau,
         fmt(&prefix),
         cal.before.1,
         cal.after.1,
@@ -337,7 +338,7 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         "held_out_blocks": data.accepted.len(),
         "greedy_tau": data.greedy_tau(),
         "greedy_prefix_acceptance": prefix,
-        "decoding_tau": data.decoding_tau(),
+        "decoding_tau": decoding_tau,
         "tau_by_domain": by_domain,
         "confidence_temperatures": cal.temperatures,
         "sts_fitted_temperatures": cal.fitted,

@@ -91,7 +91,7 @@ impl ArmReport {
         // (accepted, rounds) per domain
         let mut by: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
         for p in &self.prompts {
-            let e = by.entry(p.source.split(':').next().unwrap_or(&p.source).to_string()).or_default();
+            let e = by.entry(crate::prompts::domain(&p.source).to_string()).or_default();
             e.0 += p.accepted;
             e.1 += p.rounds;
         }

@@ -47,6 +47,12 @@ impl Prompt {
     }
 }
 
+/// The domain of a prompt `source`: the data set before `:` (`"gsm8k:17"` -> `"gsm8k"`; a
+/// source without `:` is its own domain). Tau per domain is reported over these.
+pub fn domain(source: &str) -> &str {
+    source.split(':').next().unwrap_or(source)
+}
+
 /// Reads a prompt set (JSON lines; blank lines skipped).
 ///
 /// # Errors

@@ -39,7 +39,7 @@ impl ConfidenceData {
     /// # Errors
     /// [`crate::Error::Config`] for a drafter without confidence head; MLX failures.
     pub fn add(&mut self, o: &TrainingOutputs, source: &str, anchors: &[usize]) -> Result<()> {
-        let domain = source.split(':').next().unwrap_or(source);
+        let domain = spec::prompts::domain(source);
         let Some(conf) = &o.confidence_logits else {
             let message = "the drafter has no confidence head".to_string();
             return Err(crate::Error::Config { setting: "confidence head", message });

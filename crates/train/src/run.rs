@@ -84,8 +84,8 @@ struct RunState {
     drafter: Option<serde_json::Value>,
 }
 
-/// The drafter config keys whose values differ between `a` and `b` (calibration excluded),
-/// as `key: a -> b`.
+/// The keys whose values differ between the JSON objects `a` and `b`, except those in
+/// `ignore`, as `key: a -> b`.
 fn config_changes(a: &serde_json::Value, b: &serde_json::Value, ignore: &[&str]) -> Vec<String> {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return vec![format!("{a} -> {b}")] };
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
