@@ -37,7 +37,8 @@ impl ConfidenceData {
     /// slot's greedy draft is the label.
     ///
     /// # Errors
-    /// [`crate::Error::Config`] for a drafter without confidence head; MLX failures.
+    /// [`crate::Error::Config`] for a drafter without confidence head, or when `anchors` does
+    /// not hold one position per block of `o` (`o.eval_mask` is `[N, B]`); MLX failures.
     pub fn add(&mut self, o: &TrainingOutputs, source: &str, anchors: &[usize]) -> Result<()> {
         let domain = spec::prompts::domain(source);
         let Some(conf) = &o.confidence_logits else {
@@ -187,9 +188,9 @@ impl ConfidenceData {
 pub struct DomainTau {
     /// Blocks of the domain.
     pub blocks: usize,
-    /// Greedy tau with a block at every anchor.
+    /// Greedy tau with a block at every anchor (tokens per round, bonus included).
     pub greedy_tau: f64,
-    /// Greedy tau of the replayed decoding.
+    /// Greedy tau of the replayed decoding (tokens per round, bonus included).
     pub decoding_tau: f64,
 }
 
