@@ -38,13 +38,15 @@ fn main() {
     for var in ["MLX_DIR", "MLX_PYTHON", "MLX_BACKEND", "MLX_SPEC_CACHE", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    const SOURCES: [&str; 9] = [
+    const SOURCES: [&str; 11] = [
         "src/shim.h",
         "src/shim.cc",
         "src/blas.cc",
         "src/qmm.cc",
         "src/attn.cc",
         "src/fast.cc",
+        "src/layer.cc",
+        "src/kernels.h",
         "src/pool.h",
         "src/simd.h",
         "src/lib.rs",
@@ -78,6 +80,7 @@ fn main() {
         .file("src/qmm.cc")
         .file("src/attn.cc")
         .file("src/fast.cc")
+        .file("src/layer.cc")
         .include(&inc)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -198,7 +198,7 @@ pub fn dense_matmul_t_auto(x: &Array, w: &Array, policy: &KernelPolicy) -> Resul
 }
 
 /// The common spec of `mats`, or an error naming both specs.
-fn same_spec(op: &'static str, mats: &[&QuantizedMatrix]) -> Result<QuantSpec> {
+pub(crate) fn same_spec(op: &'static str, mats: &[&QuantizedMatrix]) -> Result<QuantSpec> {
     let first = mats.first().ok_or_else(|| crate::Error::Mlx { op, message: "no matrices".into() })?.spec;
     match mats.iter().find(|m| m.spec != first) {
         Some(other) => Err(crate::Error::Mlx {

@@ -38,6 +38,7 @@ mod array;
 pub mod autograd;
 pub mod cpu_attention;
 pub mod cpu_fast;
+pub mod cpu_layer;
 pub mod cpu_quant;
 mod dtype;
 mod error;

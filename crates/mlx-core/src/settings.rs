@@ -240,6 +240,9 @@ pub struct KernelPolicy {
     pub fast_norm_rope: bool,
     /// Fused attention for short query windows (`MLX_SPEC_SDPA`).
     pub sdpa: bool,
+    /// A llama/qwen decoder layer as two CPU nodes (`MLX_SPEC_LAYER`; applies where
+    /// [`KernelPolicy::uses_layer`]).
+    pub layer: bool,
     /// The best instruction set the matmul kernel may use (`MLX_SPEC_QMM_ISA`).
     pub max_isa: Isa,
     /// The quantized matmul kernel's arithmetic (`MLX_SPEC_PRECISION`).
@@ -262,8 +265,8 @@ impl Default for KernelPolicy {
 impl PartialEq for KernelPolicy {
     /// Same switches and cap (the counters are not compared).
     fn eq(&self, o: &Self) -> bool {
-        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.max_isa, self.precision, self.threads)
-            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.max_isa, o.precision, o.threads)
+        (self.qmm, self.dense, self.fast_norm_rope, self.sdpa, self.layer, self.max_isa, self.precision, self.threads)
+            == (o.qmm, o.dense, o.fast_norm_rope, o.sdpa, o.layer, o.max_isa, o.precision, o.threads)
     }
 }
 
@@ -276,11 +279,12 @@ impl KernelPolicy {
     pub fn key(&self) -> String {
         let p = &Settings::global().process;
         format!(
-            "qmm={} dense={} fast={} sdpa={} isa={} precision={} threads={:?} blas={} gemv={} pool={:?} kernels={}",
+            "qmm={} dense={} fast={} sdpa={} layer={} isa={} precision={} threads={:?} blas={} gemv={} pool={:?} kernels={}",
             self.qmm,
             self.dense,
             self.fast_norm_rope,
             self.sdpa,
+            self.layer,
             self.max_isa,
             self.precision,
             self.threads,
@@ -307,6 +311,7 @@ impl KernelPolicy {
             dense: on,
             fast_norm_rope: on,
             sdpa: on,
+            layer: on,
             max_isa: Isa::Avx512f,
             precision: Precision::F32,
             threads: None,
@@ -387,6 +392,13 @@ impl KernelPolicy {
         self.sdpa && cpu_backend()
     }
 
+    /// Whether a decoder layer may run as the two CPU nodes of [`crate::cpu_layer`]: its
+    /// switch and every kernel those nodes are made of (quantized matmul, norm and RoPE,
+    /// attention) on, on the CPU backend.
+    pub fn uses_layer(&self) -> bool {
+        self.layer && self.uses_qmm() && self.uses_fast_norm_rope() && self.uses_sdpa()
+    }
+
     /// Whether float32 models on this policy compute each activation row with the same float
     /// operations whatever the number of rows (the quantized and dense matmul kernels and
     /// the fused attention, on the CPU backend): then a request's rows of a batched forward
@@ -443,6 +455,8 @@ pub struct Settings {
     pub fast_norm_rope: Setting<bool>,
     /// `MLX_SPEC_SDPA`.
     pub sdpa: Setting<bool>,
+    /// `MLX_SPEC_LAYER`.
+    pub layer: Setting<bool>,
     /// `MLX_SPEC_QMM_ISA`.
     pub max_isa: Setting<Isa>,
     /// `MLX_SPEC_PRECISION`.
@@ -576,12 +590,14 @@ impl Settings {
         let dense = switch(&lookup, "MLX_SPEC_DENSE", &mut invalid);
         let fast_norm_rope = switch(&lookup, "MLX_SPEC_FAST", &mut invalid);
         let sdpa = switch(&lookup, "MLX_SPEC_SDPA", &mut invalid);
+        let layer = switch(&lookup, "MLX_SPEC_LAYER", &mut invalid);
         let gemv_routing = switch(&lookup, "MLX_SPEC_GEMV", &mut invalid);
         Settings {
             qmm,
             dense,
             fast_norm_rope,
             sdpa,
+            layer,
             max_isa,
             precision,
             process: ProcessSettings { blas, gemv_routing, threads, pool_spin_us },
@@ -599,6 +615,7 @@ impl Settings {
             dense: self.dense.value,
             fast_norm_rope: self.fast_norm_rope.value,
             sdpa: self.sdpa.value,
+            layer: self.layer.value,
             max_isa: self.max_isa.value,
             precision: self.precision.value,
             threads: None,
@@ -634,6 +651,12 @@ impl Settings {
                 value: on(self.sdpa.value),
                 source: self.sdpa.source,
                 about: "fused attention for up to 32 query rows (`mlx`: MLX's attention)",
+            },
+            Entry {
+                name: "MLX_SPEC_LAYER",
+                value: on(self.layer.value),
+                source: self.layer.source,
+                about: "a llama/qwen decoder layer of 4/8-bit weights as two CPU nodes (`mlx`: a node per op)",
             },
             Entry {
                 name: "MLX_SPEC_QMM_ISA",
@@ -732,14 +755,14 @@ mod tests {
     #[test]
     fn defaults_without_variables() {
         let s = from(&[]);
-        assert!(s.qmm.value && s.dense.value && s.fast_norm_rope.value && s.sdpa.value);
+        assert!(s.qmm.value && s.dense.value && s.fast_norm_rope.value && s.sdpa.value && s.layer.value);
         assert_eq!(s.max_isa, Setting { value: Isa::Avx512f, source: Source::Default });
         assert_eq!(s.process.pool_spin_us.value, 5000);
         assert_eq!(s.process.threads.value, None);
         assert!(s.process.gemv_routing.value);
         assert_eq!(s.python.value, "python3");
         assert!(s.entries().iter().all(|e| e.source == Source::Default));
-        assert_eq!(s.entries().len(), 13);
+        assert_eq!(s.entries().len(), 14);
         assert_eq!(s.precision.value, Precision::F32);
     }
 

@@ -20,6 +20,7 @@
 // AVX2 + FMA when the CPU has them and D, Dv are multiples of 8 (runtime check), portable
 // C++ otherwise. Heads are split over the shared pool (pool.h) when the work is large enough.
 #include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/kernels.h"
 #include "mlx-sys/src/lib.rs.h"
 #include "mlx-sys/src/pool.h"
 #include "mlx-sys/src/simd.h"
@@ -37,12 +38,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-// A strided 4-D float view [B, H, L, D] with a contiguous last axis.
-struct View4 {
-  const float* data;
-  int64_t sb, sh, sl;
-  const float* row(int b, int h, int l) const { return data + b * sb + h * sh + l * sl; }
-};
+using kernels::View4;
 
 struct AttnProblem {
   View4 q, k, v;
@@ -298,21 +294,6 @@ void compute_attention(const AttnProblem& p) {
   }, Pool::Linger::kShort);
 }
 
-// The view of a 4-D input; a last axis that is not contiguous is copied to `tmp` first.
-View4 view4(const mx::array& a, std::vector<float>& tmp) {
-  const auto& st = a.strides();
-  if (st[3] == 1 || a.shape(3) == 1) return View4{a.data<float>(), st[0], st[1], st[2]};
-  const int n0 = a.shape(0), n1 = a.shape(1), n2 = a.shape(2), n3 = a.shape(3);
-  tmp.resize(a.size());
-  const float* src = a.data<float>();
-  size_t i = 0;
-  for (int x0 = 0; x0 < n0; ++x0)
-    for (int x1 = 0; x1 < n1; ++x1)
-      for (int x2 = 0; x2 < n2; ++x2)
-        for (int x3 = 0; x3 < n3; ++x3) tmp[i++] = src[x0 * st[0] + x1 * st[1] + x2 * st[2] + x3 * st[3]];
-  return View4{tmp.data(), static_cast<int64_t>(n1) * n2 * n3, static_cast<int64_t>(n2) * n3, n3};
-}
-
 class AttentionCpu : public mx::UnaryPrimitive {
  public:
   AttentionCpu(mx::Stream stream, float scale, bool causal)
@@ -327,7 +308,7 @@ class AttentionCpu : public mx::UnaryPrimitive {
                   v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
                   scale = scale_, causal = causal_]() mutable {
       std::vector<float> qt, kt, vt;
-      AttnProblem p{view4(q, qt), view4(k, kt), view4(v, vt), out.data<float>(), q.shape(0), q.shape(1), k.shape(1),
+      AttnProblem p{kernels::view4(q, qt), kernels::view4(k, kt), kernels::view4(v, vt), out.data<float>(), q.shape(0), q.shape(1), k.shape(1),
                     q.shape(2), k.shape(2), q.shape(3), v.shape(3), scale, causal};
       if (out.size() > 0) compute_attention(p);
       g_attn_calls.fetch_add(1, std::memory_order_relaxed);
@@ -388,6 +369,25 @@ std::unique_ptr<mx::array> cpu_attention(const mx::array& q, const mx::array& k,
   return std::make_unique<mx::array>(shape, mx::float32,
                                      std::make_shared<AttentionCpu>(mx::default_stream(dev), scale, causal),
                                      std::vector<mx::array>{q, k, v});
+}
+
+View4 kernels::view4(const mx::array& a, std::vector<float>& tmp) {
+  const auto& st = a.strides();
+  if (st[3] == 1 || a.shape(3) == 1) return View4{a.data<float>(), st[0], st[1], st[2]};
+  const int n0 = a.shape(0), n1 = a.shape(1), n2 = a.shape(2), n3 = a.shape(3);
+  tmp.resize(a.size());
+  const float* src = a.data<float>();
+  size_t i = 0;
+  for (int x0 = 0; x0 < n0; ++x0)
+    for (int x1 = 0; x1 < n1; ++x1)
+      for (int x2 = 0; x2 < n2; ++x2)
+        for (int x3 = 0; x3 < n3; ++x3) tmp[i++] = src[x0 * st[0] + x1 * st[1] + x2 * st[2] + x3 * st[3]];
+  return View4{tmp.data(), static_cast<int64_t>(n1) * n2 * n3, static_cast<int64_t>(n2) * n3, n3};
+}
+
+void kernels::attention(const View4& q, const View4& k, const View4& v, float* out, int b, int hq, int hkv, int lq,
+                        int lk, int d, int dv, float scale, bool causal) {
+  compute_attention(AttnProblem{q, k, v, out, b, hq, hkv, lq, lk, d, dv, scale, causal});
 }
 
 uint64_t cpu_attention_calls() { return g_attn_calls.load(std::memory_order_relaxed); }

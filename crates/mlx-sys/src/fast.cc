@@ -22,6 +22,7 @@
 // Inputs: float32, any strides (strided views are read in place); outputs row-contiguous
 // float32 of the input's shape.
 #include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/kernels.h"
 #include "mlx-sys/src/lib.rs.h"
 
 #include <mlx/backend/cpu/encoder.h>
@@ -121,15 +122,7 @@ class RmsNormCpu : public SameShapeCpu<RmsNormParams> {
       const int64_t ws = has_w ? in[1].strides().back() : 0;
       float* y = out.data<float>();
       for (int64_t r = 0; r < rows_of(x); ++r) {
-        const float* xr = x.data<float>() + row_offset(x, r);
-        float ss = 0.f;
-        for (int i = 0; i < n; ++i) ss += xr[i * xs] * xr[i * xs];
-        const float inv = 1.f / std::sqrt(ss * (1.f / static_cast<float>(n)) + eps);
-        float* yr = y + r * n;
-        for (int i = 0; i < n; ++i) {
-          const float v = xr[i * xs] * inv;
-          yr[i] = has_w ? w[i * ws] * v : v;
-        }
+        kernels::rms_norm_row(x.data<float>() + row_offset(x, r), xs, n, eps, w, ws, y + r * n);
       }
     });
   }
@@ -157,37 +150,19 @@ class RopeCpu : public SameShapeCpu<RopeParams> {
     dispatch(stream(), inputs, out, [p = p_](std::vector<mx::array>& in, mx::array& out) {
       const mx::array& x = in[0];
       const int d = x.shape(-1), l_len = x.ndim() >= 2 ? x.shape(-2) : 1, half = p.dims / 2;
-      const int64_t xs = x.strides().back();
-      // cos/sin of every (position, frequency) of this call, shared by all heads.
-      std::vector<float> inv(half), cs(static_cast<size_t>(l_len) * half), sn(cs.size());
-      for (int i = 0; i < half; ++i) {
-        inv[i] = p.has_freqs ? 1.f / in[1].data<float>()[i * in[1].strides().back()]
-                             : mlx_exp(static_cast<float>(-i) * (std::log(p.base) / static_cast<float>(half)));
-      }
+      const kernels::RopeSpec spec{p.dims, p.traditional, p.base, p.scale,
+                                   p.has_freqs ? in[1].data<float>() : nullptr,
+                                   p.has_freqs ? in[1].strides().back() : 0};
       const mx::array* positions = p.has_positions ? &in.back() : nullptr;
-      for (int l = 0; l < l_len; ++l) {
-        const int at = positions ? positions->data<int32_t>()[l * positions->strides().back()] : p.offset + l;
-        const float pos = static_cast<float>(at) * p.scale;
-        for (int i = 0; i < half; ++i) {
-          const float theta = pos * inv[i];
-          cs[static_cast<size_t>(l) * half + i] = mlx_cos(theta);
-          sn[static_cast<size_t>(l) * half + i] = mlx_sin(theta);
-        }
-      }
+      // cos/sin of every (position, frequency) of this call, shared by all heads.
+      std::vector<float> cs, sn;
+      kernels::rope_table(spec, p.offset, positions ? positions->data<int32_t>() : nullptr,
+                          positions ? positions->strides().back() : 0, l_len, cs, sn);
       float* y = out.data<float>();
       for (int64_t r = 0; r < rows_of(x); ++r) {
-        const float* xr = x.data<float>() + row_offset(x, r);
-        float* yr = y + r * d;
-        const int l = static_cast<int>(r % l_len);
-        const float* c = cs.data() + static_cast<size_t>(l) * half;
-        const float* s = sn.data() + static_cast<size_t>(l) * half;
-        for (int i = 0; i < half; ++i) {
-          const int a = p.traditional ? 2 * i : i, b = p.traditional ? 2 * i + 1 : i + half;
-          const float x1 = xr[a * xs], x2 = xr[b * xs];
-          yr[a] = x1 * c[i] - x2 * s[i];
-          yr[b] = x1 * s[i] + x2 * c[i];
-        }
-        for (int i = 2 * half; i < d; ++i) yr[i] = xr[i * xs];
+        const size_t l = static_cast<size_t>(r % l_len);
+        kernels::rope_row(spec, x.data<float>() + row_offset(x, r), x.strides().back(), d, cs.data() + l * half,
+                          sn.data() + l * half, y + r * d);
       }
     });
   }
@@ -205,6 +180,52 @@ mx::Stream cpu_stream(const std::string& op) {
   return mx::default_stream(dev);
 }
 }  // namespace
+
+namespace kernels {
+
+void rms_norm_row(const float* x, int64_t xs, int n, float eps, const float* w, int64_t ws, float* y) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i * xs] * x[i * xs];
+  const float inv = 1.f / std::sqrt(ss * (1.f / static_cast<float>(n)) + eps);
+  for (int i = 0; i < n; ++i) {
+    const float v = x[i * xs] * inv;
+    y[i] = w ? w[i * ws] * v : v;
+  }
+}
+
+void rope_table(const RopeSpec& spec, int offset, const int32_t* positions, int64_t positions_stride, int l_len,
+                std::vector<float>& cs, std::vector<float>& sn) {
+  const int half = spec.dims / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = spec.freqs ? 1.f / spec.freqs[i * spec.freqs_stride]
+                        : mlx_exp(static_cast<float>(-i) * (std::log(spec.base) / static_cast<float>(half)));
+  }
+  cs.resize(static_cast<size_t>(l_len) * half);
+  sn.resize(cs.size());
+  for (int l = 0; l < l_len; ++l) {
+    const int at = positions ? positions[l * positions_stride] : offset + l;
+    const float pos = static_cast<float>(at) * spec.scale;
+    for (int i = 0; i < half; ++i) {
+      const float theta = pos * inv[i];
+      cs[static_cast<size_t>(l) * half + i] = mlx_cos(theta);
+      sn[static_cast<size_t>(l) * half + i] = mlx_sin(theta);
+    }
+  }
+}
+
+void rope_row(const RopeSpec& spec, const float* x, int64_t xs, int d, const float* c, const float* s, float* y) {
+  const int half = spec.dims / 2;
+  for (int i = 0; i < half; ++i) {
+    const int a = spec.traditional ? 2 * i : i, b = spec.traditional ? 2 * i + 1 : i + half;
+    const float x1 = x[a * xs], x2 = x[b * xs];
+    y[a] = x1 * c[i] - x2 * s[i];
+    y[b] = x1 * s[i] + x2 * c[i];
+  }
+  for (int i = 2 * half; i < d; ++i) y[i] = x[i * xs];
+}
+
+}  // namespace kernels
 
 std::unique_ptr<mx::array> cpu_rms_norm(const mx::array& x, const ArrayList& weight, float eps) {
   const std::string op = "[cpu_rms_norm] ";

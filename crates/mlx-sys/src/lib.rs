@@ -129,6 +129,35 @@ pub mod ffi {
         biases: UniquePtr<MxArray>,
     }
 
+    /// The settings of a fused decoder layer (`cpu_layer_in`, `cpu_layer_out`): the norms'
+    /// epsilons, the heads, RoPE (`rope_base` used when `rope_has_base`, else the freqs
+    /// input), the position of the first row (`offset`), the attention scale, the products'
+    /// bits (4, 8; 32 for dense float32 weights), group size, instruction-set cap, precision
+    /// and threads, and which optional inputs are present.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct LayerParams {
+        norm_eps: f32,
+        qk_norm_eps: f32,
+        n_heads: i32,
+        n_kv_heads: i32,
+        head_dim: i32,
+        rope_dims: i32,
+        rope_traditional: bool,
+        rope_base: f32,
+        rope_has_base: bool,
+        rope_scale: f32,
+        offset: i32,
+        scale: f32,
+        group_size: i32,
+        bits: i32,
+        max_isa: i32,
+        precision: i32,
+        threads: i32,
+        has_qkv_bias: bool,
+        has_qk_norm: bool,
+        has_o_bias: bool,
+    }
+
     /// What [`vjp`](crate::vjp) returns: the function's outputs and one gradient per primal.
     struct VjpOutputs {
         outputs: UniquePtr<ArrayList>,
@@ -348,6 +377,28 @@ pub mod ffi {
             positions: &ArrayList,
         ) -> Result<UniquePtr<MxArray>>;
         fn cpu_fast_calls() -> u64;
+        fn cpu_layer_in(
+            x: &MxArray,
+            norm: &MxArray,
+            qkv: &ArrayList,
+            qkv_bias: &ArrayList,
+            qk_norms: &ArrayList,
+            freqs: &ArrayList,
+            p: &LayerParams,
+        ) -> Result<UniquePtr<ArrayList>>;
+        #[allow(clippy::too_many_arguments)]
+        fn cpu_layer_out(
+            x: &MxArray,
+            q: &MxArray,
+            keys: &MxArray,
+            values: &MxArray,
+            o: &ArrayList,
+            o_bias: &ArrayList,
+            norm: &MxArray,
+            mlp: &ArrayList,
+            p: &LayerParams,
+        ) -> Result<UniquePtr<MxArray>>;
+        fn cpu_layer_calls() -> u64;
         fn blas_gemv_calls() -> u64;
         fn blas_set_gemv_routing(on: bool) -> bool;
     }

@@ -30,6 +30,7 @@
 // (`cpu::get_command_encoder(stream()).dispatch(...)`), which runs it on the stream thread in
 // order with every other CPU op. MLX keeps the input buffers alive until the task has run.
 #include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/kernels.h"
 #include "mlx-sys/src/lib.rs.h"
 #include "mlx-sys/src/pool.h"
 
@@ -52,7 +53,7 @@ namespace {
 // call computes the output columns n in [n0, n1). Bits 32 (kDense) means dense float32
 // weights (`w` holds their bits), no scales or biases; `gs` is then 32, a loop unit only.
 
-constexpr int kDense = 32;
+constexpr int kDense = kernels::kDenseBits;
 
 struct Problem {
   const float* x;
@@ -1280,6 +1281,29 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   }, threads);
 }
 
+}  // namespace
+
+void kernels::products(const float* x, int m, int k, const std::vector<Matrix>& mats, const std::vector<float*>& outs,
+                       bool swiglu, int gs, int bits, int max_isa, int precision, int threads) {
+  if (m <= 0 || k <= 0) return;
+  // SwiGLU: gate and up go to scratch rows, their combination to outs[0].
+  std::vector<std::vector<float>> scratch(swiglu ? 2 : 0);
+  std::vector<Problem> ps;
+  for (size_t j = 0; j < mats.size(); ++j) {
+    float* out;
+    if (swiglu) {
+      scratch[j].resize(static_cast<size_t>(m) * mats[j].n);
+      out = scratch[j].data();
+    } else {
+      out = outs[j];
+    }
+    ps.push_back(Problem{x, mats[j].w, mats[j].s, mats[j].b, out, m, mats[j].n, k, gs, bits});
+  }
+  compute(ps, swiglu ? Combine::kSwiglu : Combine::kNone, swiglu ? outs[0] : nullptr, isa(max_isa), precision,
+          threads);
+}
+
+namespace {
 // A row-contiguous copy of `a` (float32 or uint32 elements), for inputs that are strided views.
 template <typename T>
 void gather(const mx::array& a, std::vector<T>& dst) {
@@ -1308,6 +1332,14 @@ const T* contiguous(const mx::array& a, std::vector<T>& tmp) {
   return tmp.data();
 }
 
+}  // namespace
+
+const float* kernels::contiguous_f32(const mx::array& a, std::vector<float>& tmp) { return contiguous(a, tmp); }
+const uint32_t* kernels::contiguous_u32(const mx::array& a, std::vector<uint32_t>& tmp) {
+  return contiguous(a, tmp);
+}
+
+namespace {
 // Inputs per product after x: (w, scales, biases), or w alone for dense weights.
 int per_product(int bits) { return bits == kDense ? 1 : 3; }
 
@@ -1337,35 +1369,27 @@ class QuantizedMatmulCpu : public mx::Primitive {
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
     enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
-                  combine = combine_, level = isa(max_isa_), precision = precision_, threads = threads_]() mutable {
+                  combine = combine_, max_isa = max_isa_, precision = precision_, threads = threads_]() mutable {
       const int per = per_product(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
       const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
       std::vector<float> xc;
-      std::vector<std::vector<float>> tmp_f(2 * products), scratch(combine == Combine::kSwiglu ? 2 : 0);
+      std::vector<std::vector<float>> tmp_f(2 * products);
       std::vector<std::vector<uint32_t>> tmp_w(products);
-      std::vector<Problem> ps;
+      std::vector<kernels::Matrix> mats;
+      std::vector<float*> out_data;
       for (int j = 0; j < products; ++j) {
         const mx::array& w = ins[1 + per * j];
-        const int n = w.shape(0);
-        float* out;
-        if (combine == Combine::kSwiglu) {
-          scratch[j].resize(static_cast<size_t>(m) * n);
-          out = scratch[j].data();
-        } else {
-          out = outs[j].data<float>();
-        }
-        Problem p{contiguous(ins[0], xc), nullptr, nullptr, nullptr, out, m, n, k, gs, bits};
         if (bits == kDense) {
-          p.w = reinterpret_cast<const uint32_t*>(contiguous(w, tmp_f[2 * j]));
+          mats.push_back({reinterpret_cast<const uint32_t*>(contiguous(w, tmp_f[2 * j])), nullptr, nullptr, w.shape(0)});
         } else {
-          p.w = contiguous(w, tmp_w[j]);
-          p.s = contiguous(ins[2 + 3 * j], tmp_f[2 * j]);
-          p.b = contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]);
+          mats.push_back({contiguous(w, tmp_w[j]), contiguous(ins[2 + 3 * j], tmp_f[2 * j]),
+                          contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), w.shape(0)});
         }
-        ps.push_back(p);
       }
-      if (m > 0 && k > 0) compute(ps, combine, combine == Combine::kSwiglu ? outs[0].data<float>() : nullptr, level, precision, threads);
+      for (auto& out : outs) out_data.push_back(out.data<float>());
+      kernels::products(contiguous(ins[0], xc), m, k, mats, out_data, combine == Combine::kSwiglu, gs, bits,
+                        max_isa, precision, threads);
       g_calls.fetch_add(1, std::memory_order_relaxed);
     });
   }

@@ -26,6 +26,7 @@ enum class ReduceOp : uint8_t;
 enum class ScanOp : uint8_t;
 struct Quantized;
 struct VjpOutputs;
+struct LayerParams;
 struct ArrayFn;
 
 // An ordered list of arrays (inputs to concatenate/eval, optional arguments, split results).
@@ -205,6 +206,24 @@ std::unique_ptr<array> cpu_rope(const array& x, int32_t dims, bool traditional, 
                                 int32_t offset, const ArrayList& freqs, const ArrayList& positions);
 // RMS norm and RoPE calls the primitives have evaluated since the process started.
 uint64_t cpu_fast_calls();
+// --- a llama-style decoder layer in two CPU primitives (src/layer.cc)
+// rms_norm(x) -> the q, k, v products (+ biases) -> per-head q/k norms -> RoPE: returns
+// q [B, Hq, L, D], k and v [B, Hkv, L, D] for x [B, L, H] float32. `qkv`: the three
+// (w, scales, biases) triples (or three dense float32 w when p.bits is 32); `qkv_bias`: none or
+// the three biases; `qk_norms`: none or the q and k norm weights [D]; `freqs`: the RoPE
+// frequencies [dims / 2] when !p.rope_has_base. Same values as the separate nodes, bit for bit.
+std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const ArrayList& qkv,
+                                        const ArrayList& qkv_bias, const ArrayList& qk_norms, const ArrayList& freqs,
+                                        const LayerParams& p);
+// attention(q, keys, values) (causal when L > 1) -> the o product (+ bias) -> h = x + o ->
+// rms_norm(h) -> silu(gate) * up -> down -> h + down: [B, L, H] for the residual stream x,
+// q [B, Hq, L, D] and the cache's keys and values [B, Hkv, T, D]. `mlp`: the gate, up and down
+// triples (or dense w).
+std::unique_ptr<array> cpu_layer_out(const array& x, const array& q, const array& keys, const array& values,
+                                     const ArrayList& o, const ArrayList& o_bias, const array& norm,
+                                     const ArrayList& mlp, const LayerParams& p);
+// Layer nodes (either kind) evaluated since the process started.
+uint64_t cpu_layer_calls();
 
 // Calls of cblas_sgemm made by libmlx (all shapes) since the process started.
 uint64_t blas_sgemm_calls();

@@ -138,9 +138,10 @@ fn set_variant(name: &str) -> KernelPolicy {
         "ours" => KernelPolicy::all_on(),
         "bf16" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Bf16),
         "int8" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Int8),
+        "unfused" => KernelPolicy { layer: false, ..KernelPolicy::all_on() },
         "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..KernelPolicy::all_on() },
         "mlx-kernels" => KernelPolicy::mlx(),
-        other => panic!("--variants {other}: expected ours, bf16, int8, mlx-norm-rope or mlx-kernels"),
+        other => panic!("--variants {other}: expected ours, bf16, int8, unfused, mlx-norm-rope or mlx-kernels"),
     }
 }
 

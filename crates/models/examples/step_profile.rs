@@ -31,7 +31,12 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    println!("build {:.2} ms, eval {:.2} ms (median of {steps} steps)", med(&mut build), med(&mut run));
+    println!(
+        "build {:.2} ms, eval {:.2} ms (median of {steps} steps; {} fused layer nodes)",
+        med(&mut build),
+        med(&mut run),
+        mlx_core::cpu_layer::calls()
+    );
     let params = models::GenerateParams { max_tokens: steps, sampler: models::Sampler::default(), eos: vec![] };
     let stats = models::generate(&model, &prompt, &params, |_| true).unwrap();
     println!("pipelined generate: {:.2} tok/s ({:.2} ms/token)", stats.generation_tps, 1e3 / stats.generation_tps);

@@ -61,6 +61,21 @@ impl Linear {
         }
     }
 
+    /// The quantized weight, `None` for a dense one.
+    pub fn quantized(&self) -> Option<&QuantizedMatrix> {
+        match self {
+            Linear::Quantized { weight, .. } => Some(weight),
+            Linear::Dense { .. } => None,
+        }
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias(&self) -> Option<&Array> {
+        match self {
+            Linear::Quantized { bias, .. } | Linear::Dense { bias, .. } => bias.as_ref(),
+        }
+    }
+
     /// `x [..., in] -> [..., out]`.
     ///
     /// # Errors

@@ -11,8 +11,9 @@
 //! qwen2 adds biases to q/k/v; qwen3 applies an RMS norm to each query and key head before
 //! rope. Attention is causal over the cache plus the new tokens (`fast::scaled_dot_product_attention`
 //! with the causal mask aligned to the end, GQA by head grouping).
-use mlx_core::Array;
+use mlx_core::cpu_layer::{self, AttentionIn, AttentionOutMlp, LayerShape};
 use mlx_core::fast::Rope;
+use mlx_core::{Array, Dtype};
 use serde_json::Value;
 
 use crate::blocks::{Activation, Attention, Mlp};
@@ -428,10 +429,68 @@ impl Transformer {
 }
 
 impl Block {
+    /// `x [B, L, H]` through the layer, appending `L` positions to `cache`: as the two fused
+    /// nodes of [`mlx_core::cpu_layer`] where they apply (same values, fewer nodes), else op
+    /// by op.
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
+        if x.dtype() == Dtype::Float32 && x.ndim() == 3 {
+            if let Some((w_in, w_out, shape)) = self.fused_weights(rope) {
+                let policy = self.attn.kernels();
+                let (q, k, v) = cpu_layer::layer_in(x, &w_in, &shape, rope, cache.offset() as i32, policy)?;
+                let (keys, values) = cache.update_and_fetch(&k, &v)?;
+                return Ok(cpu_layer::layer_out(x, &q, &keys, &values, &w_out, &shape, policy)?);
+            }
+        }
         let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope, true)?;
         let h = x.add(&r)?;
         let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
         Ok(h.add(&r)?)
+    }
+
+    /// This block's weights as [`mlx_core::cpu_layer`] takes them, when it does under the
+    /// block's kernel policy ([`mlx_core::cpu_layer::applies`]): every projection quantized in
+    /// one spec, float32 norms, biases and RoPE frequencies, no MLP biases, SwiGLU.
+    fn fused_weights(&self, rope: &Rope) -> Option<(AttentionIn<'_>, AttentionOutMlp<'_>, LayerShape)> {
+        let (a, m) = (&self.attn, &self.mlp);
+        let (quantized, bias) = (Linear::quantized, Linear::bias);
+        let (k_proj, v_proj) = (a.k_proj.as_ref()?, a.v_proj.as_ref()?);
+        let qkv = [quantized(&a.q_proj)?, quantized(k_proj)?, quantized(v_proj)?];
+        let mlp = [quantized(&m.gate_proj)?, quantized(&m.up_proj)?, quantized(&m.down_proj)?];
+        let o = quantized(&a.o_proj)?;
+        let mut mats = vec![o];
+        mats.extend(qkv.iter().chain(&mlp).copied());
+        let qkv_bias = match (bias(&a.q_proj), bias(k_proj), bias(v_proj)) {
+            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+            (None, None, None) => None,
+            _ => return None,
+        };
+        let qk_norms = match (&a.q_norm, &a.k_norm) {
+            (Some(q), Some(k)) => Some([&q.weight, &k.weight]),
+            (None, None) => None,
+            _ => return None,
+        };
+        let (in_norm, post_norm) = (&self.input_layernorm, &self.post_attention_layernorm);
+        let mut vectors = vec![&in_norm.weight, &post_norm.weight];
+        vectors.extend(qkv_bias.iter().flatten().copied().chain(qk_norms.iter().flatten().copied()));
+        vectors.extend(bias(&a.o_proj).into_iter().chain(rope.freqs.as_ref()));
+        let fits = cpu_layer::applies(&mats, a.kernels())
+            && m.act == Activation::Silu
+            && a.v_norm_eps.is_none()
+            && mlp.iter().zip([&m.gate_proj, &m.up_proj, &m.down_proj]).all(|(_, l)| bias(l).is_none())
+            && vectors.iter().all(|v| v.dtype() == Dtype::Float32);
+        if !fits {
+            return None;
+        }
+        let shape = LayerShape {
+            n_heads: a.n_heads,
+            n_kv_heads: a.n_kv_heads,
+            head_dim: a.head_dim,
+            scale: a.scale,
+            norm_eps: in_norm.eps,
+            qk_norm_eps: a.q_norm.as_ref().map_or(0.0, |n| n.eps),
+        };
+        let w_in = AttentionIn { norm: &in_norm.weight, qkv, qkv_bias, qk_norms };
+        let w_out = AttentionOutMlp { o, o_bias: bias(&a.o_proj), norm: &post_norm.weight, mlp };
+        Some((w_in, w_out, shape))
     }
 }

@@ -1,0 +1,405 @@
+// A llama-style decoder layer (llama, SmolLM2, Qwen2, Qwen3) in two MLX custom primitives on
+// the CPU backend, around the KV cache write that stays an MLX op:
+//
+//   LayerInCpu   x -> rms_norm -> q, k, v products (+ biases) -> per-head q/k norms
+//                  -> RoPE -> q [B, Hq, L, D], k [B, Hkv, L, D], v [B, Hkv, L, D]
+//   (the caller appends k, v to its cache and passes the cache's keys and values)
+//   LayerOutCpu  attention(q, keys, values) -> o product (+ bias) -> h = x + o
+//                  -> rms_norm -> SwiGLU gate/up products -> down product -> h + down
+//
+// Why: on the CPU a decode step of SmolLM2-135M spends about as long outside the products as
+// in them, most of it building, dispatching and allocating some 23 graph nodes per layer
+// (norms, three products, reshapes, transposes, two RoPEs, the cache writes, attention, the
+// output transpose, adds). The two nodes here do the same work with six nodes per layer.
+//
+// Bits: every step calls the function the single node calls (kernels.h: the products, RMS
+// norm rows, RoPE table and rows, attention) on the same values in the same order, and the
+// adds are the single float additions MLX's add makes (the build passes -ffp-contract=off),
+// so the outputs equal the chain of single nodes bit for bit, at any window length.
+//
+// Inputs: float32 activations, norm weights and biases; weights as (w, scales, biases)
+// triples of one bits (4, 8) and group size, or dense float32 `w` alone (bits 32).
+#include "mlx-sys/src/shim.h"
+#include "mlx-sys/src/kernels.h"
+#include "mlx-sys/src/lib.rs.h"
+
+#include <mlx/backend/cpu/encoder.h>
+#include <mlx/primitives.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mlxsys {
+namespace mx = mlx::core;
+
+namespace {
+
+std::atomic<uint64_t> g_layer_calls{0};
+
+int per_product(int bits) { return bits == kernels::kDenseBits ? 1 : 3; }
+
+// Registers the inputs and freshly allocated outputs with the stream's encoder and runs
+// `fn(inputs, outputs)` on the stream thread.
+template <class Fn>
+void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn) {
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  std::vector<mx::array> ins, outs;
+  for (auto& in : inputs) {
+    enc.set_input_array(in);
+    ins.push_back(mx::array::unsafe_weak_copy(in));
+  }
+  for (auto& out : outputs) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    enc.set_output_array(out);
+    outs.push_back(mx::array::unsafe_weak_copy(out));
+  }
+  enc.dispatch([ins = std::move(ins), outs = std::move(outs), fn]() mutable {
+    fn(ins, outs);
+    g_layer_calls.fetch_add(1, std::memory_order_relaxed);
+  });
+}
+
+// The weight matrices of `count` products starting at input `at`, made row-contiguous in
+// `tmp_w` / `tmp_f` when they are views.
+struct Weights {
+  std::vector<kernels::Matrix> mats;
+  std::vector<std::vector<uint32_t>> tmp_w;
+  std::vector<std::vector<float>> tmp_f;
+
+  Weights(const std::vector<mx::array>& in, size_t at, int count, int bits)
+      : tmp_w(count), tmp_f(3 * static_cast<size_t>(count)) {
+    const int per = per_product(bits);
+    for (int j = 0; j < count; ++j) {
+      const mx::array& w = in[at + per * j];
+      if (bits == kernels::kDenseBits) {
+        const float* f = kernels::contiguous_f32(w, tmp_f[3 * j]);
+        mats.push_back({reinterpret_cast<const uint32_t*>(f), nullptr, nullptr, w.shape(0)});
+      } else {
+        mats.push_back({kernels::contiguous_u32(w, tmp_w[j]), kernels::contiguous_f32(in[at + per * j + 1], tmp_f[3 * j + 1]),
+                        kernels::contiguous_f32(in[at + per * j + 2], tmp_f[3 * j + 2]), w.shape(0)});
+      }
+    }
+  }
+};
+
+// The products' settings shared by both primitives.
+void run_products(const LayerParams& p, const float* x, int m, int k, const Weights& w, size_t first, size_t count,
+                  const std::vector<float*>& outs, bool swiglu) {
+  std::vector<kernels::Matrix> mats(w.mats.begin() + first, w.mats.begin() + first + count);
+  const int gs = p.bits == kernels::kDenseBits ? 32 : p.group_size;  // dense: a loop unit
+  kernels::products(x, m, k, mats, outs, swiglu, gs, p.bits, p.max_isa, p.precision, p.threads);
+}
+
+// y[r, j] = y[r, j] + bias[j] over m rows of n (MLX's add of a broadcast bias).
+void add_bias(float* y, const float* bias, int m, int n) {
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < n; ++j) y[static_cast<size_t>(r) * n + j] = y[static_cast<size_t>(r) * n + j] + bias[j];
+  }
+}
+
+// Inputs: x [B, L, H], norm [H], the q, k, v weights (per_product(bits) inputs each), then
+// when has_qkv_bias the q, k, v biases, when has_qk_norm the q and k norm weights [D], when
+// !rope_has_base the RoPE freqs [dims / 2]. Outputs q [B, Hq, L, D], k and v [B, Hkv, L, D].
+class LayerInCpu : public mx::Primitive {
+ public:
+  LayerInCpu(mx::Stream stream, LayerParams p) : mx::Primitive(stream), p_(p) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+      const mx::array& x = in[0];
+      const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim;
+      const int nh[3] = {p.n_heads, p.n_kv_heads, p.n_kv_heads};
+      thread_local std::vector<float> xc, nc, xn, y[3], tmp, vec_tmp[5];
+      const float* xs = kernels::contiguous_f32(x, xc);
+      const float* norm = kernels::contiguous_f32(in[1], nc);
+      xn.resize(static_cast<size_t>(m) * h);
+      for (int r = 0; r < m; ++r) {
+        kernels::rms_norm_row(xs + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1, xn.data() + static_cast<size_t>(r) * h);
+      }
+      const Weights w(in, 2, 3, p.bits);
+      for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
+      run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
+      size_t at = 2 + 3 * per_product(p.bits);
+      if (p.has_qkv_bias) {
+        for (int j = 0; j < 3; ++j) add_bias(y[j].data(), kernels::contiguous_f32(in[at + j], vec_tmp[j]), m, nh[j] * d);
+        at += 3;
+      }
+      const float* qk_norm[2] = {nullptr, nullptr};
+      if (p.has_qk_norm) {
+        qk_norm[0] = kernels::contiguous_f32(in[at], vec_tmp[3]);
+        qk_norm[1] = kernels::contiguous_f32(in[at + 1], vec_tmp[4]);
+        at += 2;
+      }
+      const kernels::RopeSpec spec{p.rope_dims, p.rope_traditional, p.rope_base, p.rope_scale,
+                                   p.rope_has_base ? nullptr : in[at].data<float>(),
+                                   p.rope_has_base ? 0 : in[at].strides().back()};
+      std::vector<float> cs, sn;
+      kernels::rope_table(spec, p.offset, nullptr, 0, l, cs, sn);
+      const int half = p.rope_dims / 2;
+      tmp.resize(d);
+      // Row (b, l) of projection j, head hd -> out[j] [b, hd, l, :]: normed (q, k when
+      // configured), roped (q, k) or copied (v).
+      for (int j = 0; j < 3; ++j) {
+        float* dst = out[j].data<float>();
+        for (int bi = 0; bi < b; ++bi) {
+          for (int li = 0; li < l; ++li) {
+            for (int hd = 0; hd < nh[j]; ++hd) {
+              const float* src = y[j].data() + (static_cast<size_t>(bi * l + li) * nh[j] + hd) * d;
+              float* row = dst + ((static_cast<size_t>(bi) * nh[j] + hd) * l + li) * d;
+              if (j == 2) {
+                std::copy(src, src + d, row);
+                continue;
+              }
+              if (qk_norm[j]) {
+                kernels::rms_norm_row(src, 1, d, p.qk_norm_eps, qk_norm[j], 1, tmp.data());
+                src = tmp.data();
+              }
+              kernels::rope_row(spec, src, 1, d, cs.data() + static_cast<size_t>(li) * half,
+                                sn.data() + static_cast<size_t>(li) * half, row);
+            }
+          }
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("[LayerInCpu] has no GPU evaluation");
+  }
+  const char* name() const override { return "LayerInCpu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerInCpu*>(&other);
+    return o && o->p_ == p_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const auto& x = inputs[0];
+    return {{x.shape(0), p_.n_heads, x.shape(1), p_.head_dim},
+            {x.shape(0), p_.n_kv_heads, x.shape(1), p_.head_dim},
+            {x.shape(0), p_.n_kv_heads, x.shape(1), p_.head_dim}};
+  }
+
+ private:
+  LayerParams p_;
+};
+
+// Inputs: x [B, L, H] (the residual stream), q [B, Hq, L, D], keys and values [B, Hkv, T, D]
+// (T >= L: the cache with the new rows), the o weights, its bias when has_o_bias, the
+// post-attention norm [H], the gate, up and down weights. Output [B, L, H].
+class LayerOutCpu : public mx::UnaryPrimitive {
+ public:
+  LayerOutCpu(mx::Stream stream, LayerParams p) : mx::UnaryPrimitive(stream), p_(p) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    std::vector<mx::array> outputs{output};
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+      const mx::array &x = in[0], &q = in[1], &k = in[2], &v = in[3];
+      const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim, hq = p.n_heads;
+      const int qd = hq * d, t = k.shape(2);
+      thread_local std::vector<float> qt, kt, vt, xc, attn, ao, o, ob, h1, nc, hn, s, dn;
+      attn.resize(static_cast<size_t>(m) * qd);
+      kernels::attention(kernels::view4(q, qt), kernels::view4(k, kt), kernels::view4(v, vt), attn.data(), b, hq,
+                         p.n_kv_heads, l, t, d, d, p.scale, l > 1);
+      // [B, Hq, L, D] -> [B, L, Hq * D], the o product's rows.
+      ao.resize(attn.size());
+      for (int bi = 0; bi < b; ++bi) {
+        for (int hd = 0; hd < hq; ++hd) {
+          for (int li = 0; li < l; ++li) {
+            const float* src = attn.data() + ((static_cast<size_t>(bi) * hq + hd) * l + li) * d;
+            std::copy(src, src + d, ao.data() + static_cast<size_t>(bi * l + li) * qd + static_cast<size_t>(hd) * d);
+          }
+        }
+      }
+      const int per = per_product(p.bits);
+      const size_t o_at = 4, norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
+      const Weights wo(in, o_at, 1, p.bits), wm(in, mlp_at, 3, p.bits);
+      o.resize(static_cast<size_t>(m) * h);
+      run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false);
+      if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
+      const float* xs = kernels::contiguous_f32(x, xc);
+      h1.resize(o.size());
+      for (size_t i = 0; i < h1.size(); ++i) h1[i] = xs[i] + o[i];
+      const float* norm = kernels::contiguous_f32(in[norm_at], nc);
+      hn.resize(h1.size());
+      for (int r = 0; r < m; ++r) {
+        kernels::rms_norm_row(h1.data() + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1,
+                              hn.data() + static_cast<size_t>(r) * h);
+      }
+      const int inter = wm.mats[0].n;
+      s.resize(static_cast<size_t>(m) * inter);
+      run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
+      dn.resize(h1.size());
+      run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
+      float* y = out[0].data<float>();
+      for (size_t i = 0; i < h1.size(); ++i) y[i] = h1[i] + dn[i];
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[LayerOutCpu] has no GPU evaluation");
+  }
+  const char* name() const override { return "LayerOutCpu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerOutCpu*>(&other);
+    return o && o->p_ == p_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  LayerParams p_;
+};
+
+std::string shape_str(const mx::Shape& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + ")";
+}
+
+std::string shape_of(const mx::array& a) { return shape_str(a.shape()); }
+
+// Checks one product's weights (at `at` in `in`) for an input of k features; returns N.
+int check_weight(const std::string& op, const std::string& name, const std::vector<mx::array>& in, size_t at, int k,
+                 const LayerParams& p) {
+  const mx::array& w = in.at(at);
+  const std::string where = op + name + " ";
+  if (p.bits == kernels::kDenseBits) {
+    if (w.dtype() != mx::float32 || w.ndim() != 2 || w.shape(1) != k) {
+      throw std::invalid_argument(where + "must be float32 [N, " + std::to_string(k) + "], got " + shape_of(w));
+    }
+    return w.shape(0);
+  }
+  const mx::array &s = in.at(at + 1), &b = in.at(at + 2);
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(1) * 32 / p.bits != k) {
+    throw std::invalid_argument(where + "must be uint32 [N, " + std::to_string(k * p.bits / 32) + "] for K = " +
+                                std::to_string(k) + " at " + std::to_string(p.bits) + " bits, got " + shape_of(w));
+  }
+  const mx::Shape groups{w.shape(0), k / p.group_size};
+  if (s.dtype() != mx::float32 || b.dtype() != mx::float32 || s.shape() != groups || b.shape() != groups) {
+    throw std::invalid_argument(where + "needs float32 scales and biases (" + std::to_string(groups[0]) + "," +
+                                std::to_string(groups[1]) + "), got " + shape_of(s) + " and " + shape_of(b));
+  }
+  return w.shape(0);
+}
+
+void check_vector(const std::string& op, const std::string& name, const mx::array& a, int n) {
+  if (a.dtype() != mx::float32 || a.ndim() != 1 || a.shape(0) != n) {
+    throw std::invalid_argument(op + name + " must be float32 [" + std::to_string(n) + "], got " + shape_of(a));
+  }
+}
+
+void check_params(const std::string& op, const mx::array& x, const LayerParams& p) {
+  if (x.dtype() != mx::float32 || x.ndim() != 3) {
+    throw std::invalid_argument(op + "x must be float32 [B, L, H], got " + shape_of(x));
+  }
+  if (p.bits != 4 && p.bits != 8 && p.bits != kernels::kDenseBits) {
+    throw std::invalid_argument(op + "bits must be 4, 8 or 32 (dense), got " + std::to_string(p.bits));
+  }
+  if (p.bits != kernels::kDenseBits && p.group_size != 32 && p.group_size != 64 && p.group_size != 128) {
+    throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(p.group_size));
+  }
+  if (p.bits == kernels::kDenseBits && p.precision != 0) {
+    throw std::invalid_argument(op + "bf16 and int8 precision need 4- or 8-bit weights");
+  }
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim <= 0) {
+    throw std::invalid_argument(op + "heads " + std::to_string(p.n_heads) + " / " + std::to_string(p.n_kv_heads) +
+                                " of " + std::to_string(p.head_dim) + " features do not form a GQA layer");
+  }
+  if (mx::default_device() != mx::Device(mx::Device::cpu)) {
+    throw std::invalid_argument(op + "the default device is not the CPU");
+  }
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const ArrayList& qkv,
+                                        const ArrayList& qkv_bias, const ArrayList& qk_norms, const ArrayList& freqs,
+                                        const LayerParams& p) {
+  const std::string op = "[cpu_layer_in] ";
+  check_params(op, x, p);
+  const int h = x.shape(2), d = p.head_dim, per = per_product(p.bits);
+  if (p.rope_dims <= 0 || p.rope_dims % 2 != 0 || p.rope_dims > d) {
+    throw std::invalid_argument(op + "rope dims must be even and in (0, " + std::to_string(d) + "], got " +
+                                std::to_string(p.rope_dims));
+  }
+  check_vector(op, "norm", norm, h);
+  std::vector<mx::array> in{x, norm};
+  if (static_cast<int>(qkv.items.size()) != 3 * per) {
+    throw std::invalid_argument(op + "needs the q, k and v weights (" + std::to_string(3 * per) + " arrays), got " +
+                                std::to_string(qkv.items.size()));
+  }
+  in.insert(in.end(), qkv.items.begin(), qkv.items.end());
+  const int n[3] = {p.n_heads * d, p.n_kv_heads * d, p.n_kv_heads * d};
+  const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+  for (int j = 0; j < 3; ++j) {
+    if (check_weight(op, names[j], in, 2 + per * j, h, p) != n[j]) {
+      throw std::invalid_argument(op + names[j] + " must have " + std::to_string(n[j]) + " rows");
+    }
+  }
+  if (p.has_qkv_bias != !qkv_bias.items.empty() || (p.has_qkv_bias && qkv_bias.items.size() != 3)) {
+    throw std::invalid_argument(op + "has_qkv_bias needs exactly the three biases");
+  }
+  for (size_t j = 0; j < qkv_bias.items.size(); ++j) check_vector(op, std::string(names[j]) + " bias", qkv_bias.items[j], n[j]);
+  if (p.has_qk_norm != !qk_norms.items.empty() || (p.has_qk_norm && qk_norms.items.size() != 2)) {
+    throw std::invalid_argument(op + "has_qk_norm needs exactly the q and k norm weights");
+  }
+  for (const auto& w : qk_norms.items) check_vector(op, "q/k norm", w, d);
+  if (p.rope_has_base == !freqs.items.empty()) throw std::invalid_argument(op + "give exactly one of base and freqs");
+  if (!freqs.items.empty()) check_vector(op, "freqs", freqs.items[0], p.rope_dims / 2);
+  in.insert(in.end(), qkv_bias.items.begin(), qkv_bias.items.end());
+  in.insert(in.end(), qk_norms.items.begin(), qk_norms.items.end());
+  in.insert(in.end(), freqs.items.begin(), freqs.items.end());
+  auto prim = std::make_shared<LayerInCpu>(mx::default_stream(mx::default_device()), p);
+  auto shapes = prim->output_shapes(in);
+  auto list = std::make_unique<ArrayList>();
+  list->items = mx::array::make_arrays(std::move(shapes), {mx::float32, mx::float32, mx::float32}, prim, in);
+  return list;
+}
+
+std::unique_ptr<array> cpu_layer_out(const array& x, const array& q, const array& keys, const array& values,
+                                     const ArrayList& o, const ArrayList& o_bias, const array& norm,
+                                     const ArrayList& mlp, const LayerParams& p) {
+  const std::string op = "[cpu_layer_out] ";
+  check_params(op, x, p);
+  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), d = p.head_dim, per = per_product(p.bits);
+  const mx::Shape qs{b, p.n_heads, l, d};
+  if (q.dtype() != mx::float32 || q.shape() != qs) {
+    throw std::invalid_argument(op + "q must be float32 " + shape_str(qs) + ", got " + shape_of(q));
+  }
+  for (const auto* kv : {&keys, &values}) {
+    if (kv->dtype() != mx::float32 || kv->ndim() != 4 || kv->shape(0) != b || kv->shape(1) != p.n_kv_heads ||
+        kv->shape(2) < l || kv->shape(3) != d || kv->shape() != keys.shape()) {
+      throw std::invalid_argument(op + "keys and values must be float32 [" + std::to_string(b) + ", " +
+                                  std::to_string(p.n_kv_heads) + ", T >= " + std::to_string(l) + ", " +
+                                  std::to_string(d) + "], got " + shape_of(keys) + " and " + shape_of(values));
+    }
+  }
+  if (static_cast<int>(o.items.size()) != per || static_cast<int>(mlp.items.size()) != 3 * per) {
+    throw std::invalid_argument(op + "needs the o weights and the gate, up and down weights");
+  }
+  if (p.has_o_bias != !o_bias.items.empty() || o_bias.items.size() > 1) {
+    throw std::invalid_argument(op + "has_o_bias needs exactly the o bias");
+  }
+  check_vector(op, "norm", norm, h);
+  std::vector<mx::array> in{x, q, keys, values};
+  in.insert(in.end(), o.items.begin(), o.items.end());
+  in.insert(in.end(), o_bias.items.begin(), o_bias.items.end());
+  in.push_back(norm);
+  in.insert(in.end(), mlp.items.begin(), mlp.items.end());
+  if (check_weight(op, "o_proj", in, 4, p.n_heads * d, p) != h) {
+    throw std::invalid_argument(op + "o_proj must have " + std::to_string(h) + " rows");
+  }
+  if (p.has_o_bias) check_vector(op, "o_proj bias", o_bias.items[0], h);
+  const size_t mlp_at = 4 + per + o_bias.items.size() + 1;
+  const int inter = check_weight(op, "gate_proj", in, mlp_at, h, p);
+  if (check_weight(op, "up_proj", in, mlp_at + per, h, p) != inter ||
+      check_weight(op, "down_proj", in, mlp_at + 2 * per, inter, p) != h) {
+    throw std::invalid_argument(op + "gate_proj, up_proj [I, H] and down_proj [H, I] do not fit H = " +
+                                std::to_string(h));
+  }
+  return std::make_unique<mx::array>(x.shape(), mx::float32,
+                                     std::make_shared<LayerOutCpu>(mx::default_stream(mx::default_device()), p),
+                                     std::move(in));
+}
+
+uint64_t cpu_layer_calls() { return g_layer_calls.load(std::memory_order_relaxed); }
+}  // namespace mlxsys
