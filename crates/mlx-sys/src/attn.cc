@@ -308,8 +308,8 @@ class AttentionCpu : public mx::UnaryPrimitive {
                   v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
                   scale = scale_, causal = causal_]() mutable {
       std::vector<float> qt, kt, vt;
-      AttnProblem p{kernels::view4(q, qt), kernels::view4(k, kt), kernels::view4(v, vt), out.data<float>(), q.shape(0), q.shape(1), k.shape(1),
-                    q.shape(2), k.shape(2), q.shape(3), v.shape(3), scale, causal};
+      AttnProblem p{kernels::view4(q, qt), kernels::view4(k, kt), kernels::view4(v, vt), out.data<float>(),
+                    q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), scale, causal};
       if (out.size() > 0) compute_attention(p);
       g_attn_calls.fetch_add(1, std::memory_order_relaxed);
     });

@@ -28,6 +28,9 @@ const uint32_t* contiguous_u32(const mlx::core::array& a, std::vector<uint32_t>&
 // Bits of a dense float32 weight (`Matrix::w` holds the floats' bits, no scales or biases).
 constexpr int kDenseBits = 32;
 
+// The arrays a product's weights take as node inputs: (w, scales, biases), or w alone (dense).
+constexpr int weight_inputs(int bits) { return bits == kDenseBits ? 1 : 3; }
+
 // One weight matrix of a product: packed 4- or 8-bit rows `w [N, K * bits / 32]` with float32
 // `s`, `b [N, K / gs]` (MLX's affine format), or dense float32 rows `[N, K]` (bits
 // kDenseBits; `s`, `b` null). Row-contiguous.

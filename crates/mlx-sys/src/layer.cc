@@ -38,7 +38,7 @@ namespace {
 
 std::atomic<uint64_t> g_layer_calls{0};
 
-int per_product(int bits) { return bits == kernels::kDenseBits ? 1 : 3; }
+using kernels::weight_inputs;
 
 // Registers the inputs and freshly allocated outputs with the stream's encoder and runs
 // `fn(inputs, outputs)` on the stream thread.
@@ -70,7 +70,7 @@ struct Weights {
 
   Weights(const std::vector<mx::array>& in, size_t at, int count, int bits)
       : tmp_w(count), tmp_f(3 * static_cast<size_t>(count)) {
-    const int per = per_product(bits);
+    const int per = weight_inputs(bits);
     for (int j = 0; j < count; ++j) {
       const mx::array& w = in[at + per * j];
       if (bits == kernels::kDenseBits) {
@@ -99,7 +99,7 @@ void add_bias(float* y, const float* bias, int m, int n) {
   }
 }
 
-// Inputs: x [B, L, H], norm [H], the q, k, v weights (per_product(bits) inputs each), then
+// Inputs: x [B, L, H], norm [H], the q, k, v weights (weight_inputs(bits) inputs each), then
 // when has_qkv_bias the q, k, v biases, when has_qk_norm the q and k norm weights [D], when
 // !rope_has_base the RoPE freqs [dims / 2]. Outputs q [B, Hq, L, D], k and v [B, Hkv, L, D].
 class LayerInCpu : public mx::Primitive {
@@ -121,7 +121,7 @@ class LayerInCpu : public mx::Primitive {
       const Weights w(in, 2, 3, p.bits);
       for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
       run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
-      size_t at = 2 + 3 * per_product(p.bits);
+      size_t at = 2 + 3 * weight_inputs(p.bits);
       if (p.has_qkv_bias) {
         for (int j = 0; j < 3; ++j) add_bias(y[j].data(), kernels::contiguous_f32(in[at + j], vec_tmp[j]), m, nh[j] * d);
         at += 3;
@@ -211,7 +211,7 @@ class LayerOutCpu : public mx::UnaryPrimitive {
           }
         }
       }
-      const int per = per_product(p.bits);
+      const int per = weight_inputs(p.bits);
       const size_t o_at = 4, norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
       const Weights wo(in, o_at, 1, p.bits), wm(in, mlp_at, 3, p.bits);
       o.resize(static_cast<size_t>(m) * h);
@@ -316,7 +316,7 @@ std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const
                                         const LayerParams& p) {
   const std::string op = "[cpu_layer_in] ";
   check_params(op, x, p);
-  const int h = x.shape(2), d = p.head_dim, per = per_product(p.bits);
+  const int h = x.shape(2), d = p.head_dim, per = weight_inputs(p.bits);
   if (p.rope_dims <= 0 || p.rope_dims % 2 != 0 || p.rope_dims > d) {
     throw std::invalid_argument(op + "rope dims must be even and in (0, " + std::to_string(d) + "], got " +
                                 std::to_string(p.rope_dims));
@@ -360,7 +360,7 @@ std::unique_ptr<array> cpu_layer_out(const array& x, const array& q, const array
                                      const ArrayList& mlp, const LayerParams& p) {
   const std::string op = "[cpu_layer_out] ";
   check_params(op, x, p);
-  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), d = p.head_dim, per = per_product(p.bits);
+  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), d = p.head_dim, per = weight_inputs(p.bits);
   const mx::Shape qs{b, p.n_heads, l, d};
   if (q.dtype() != mx::float32 || q.shape() != qs) {
     throw std::invalid_argument(op + "q must be float32 " + shape_str(qs) + ", got " + shape_of(q));

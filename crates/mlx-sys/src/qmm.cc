@@ -1340,8 +1340,7 @@ const uint32_t* kernels::contiguous_u32(const mx::array& a, std::vector<uint32_t
 }
 
 namespace {
-// Inputs per product after x: (w, scales, biases), or w alone for dense weights.
-int per_product(int bits) { return bits == kDense ? 1 : 3; }
+using kernels::weight_inputs;
 
 // Inputs: x [..., K], then (w, scales, biases) per product, or w alone for dense float32
 // weights (bits kDense). Outputs: one [..., N_j] per product, or one [..., N] for
@@ -1370,7 +1369,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
     }
     enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
                   combine = combine_, max_isa = max_isa_, precision = precision_, threads = threads_]() mutable {
-      const int per = per_product(bits), products = static_cast<int>(ins.size() - 1) / per;
+      const int per = weight_inputs(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
       const int m = static_cast<int>(ins[0].size() / std::max(k, 1));
       std::vector<float> xc;
@@ -1408,7 +1407,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     std::vector<mx::Shape> shapes;
-    for (size_t j = 1; j < inputs.size(); j += per_product(bits_)) {
+    for (size_t j = 1; j < inputs.size(); j += weight_inputs(bits_)) {
       auto shape = inputs[0].shape();
       shape.back() = inputs[j].shape(0);
       shapes.push_back(shape);
@@ -1493,7 +1492,7 @@ std::vector<mx::array> build(const std::string& op, const mx::array& x, const st
     throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(group_size));
   }
   if (x.dtype() != mx::float32) throw std::invalid_argument(op + "x must be float32");
-  const size_t per = per_product(bits);
+  const size_t per = weight_inputs(bits);
   if (mats.empty() || mats.size() % per != 0) {
     throw std::invalid_argument(op + (bits == kDense ? "needs at least one weight" : "needs (w, scales, biases) triples"));
   }

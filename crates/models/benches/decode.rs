@@ -177,8 +177,12 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
     let decode_tps: Vec<f64> = runs.iter().map(|(st, _)| st.generation_tps).collect();
     let decode_cpu_ms: Vec<f64> = runs.iter().map(|(_, cpu)| *cpu).collect();
     // The long prompt on our kernels only (every precision): MLX's quantized kernels take minutes for it.
-    let long_ids =
-        s.long_prompt.as_deref().filter(|_| matches!(variant, "ours" | "bf16" | "int8")).map(chat).unwrap_or_default();
+    let long_ids = s
+        .long_prompt
+        .as_deref()
+        .filter(|_| matches!(variant, "ours" | "unfused" | "bf16" | "int8"))
+        .map(chat)
+        .unwrap_or_default();
     let long_runs = if long_ids.is_empty() { Vec::new() } else { timed(&long_ids) };
     let prefill_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.prompt_tps).collect();
     let long_decode_tps: Vec<f64> = long_runs.iter().map(|(st, _)| st.generation_tps).collect();

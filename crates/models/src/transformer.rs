@@ -433,13 +433,12 @@ impl Block {
     /// nodes of [`mlx_core::cpu_layer`] where they apply (same values, fewer nodes), else op
     /// by op.
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
-        if x.dtype() == Dtype::Float32 && x.ndim() == 3 {
-            if let Some((w_in, w_out, shape)) = self.fused_weights(rope) {
-                let policy = self.attn.kernels();
-                let (q, k, v) = cpu_layer::layer_in(x, &w_in, &shape, rope, cache.offset() as i32, policy)?;
-                let (keys, values) = cache.update_and_fetch(&k, &v)?;
-                return Ok(cpu_layer::layer_out(x, &q, &keys, &values, &w_out, &shape, policy)?);
-            }
+        let fused = (x.dtype() == Dtype::Float32 && x.ndim() == 3).then(|| self.fused_weights(rope)).flatten();
+        if let Some((w_in, w_out, shape)) = fused {
+            let policy = self.attn.kernels();
+            let (q, k, v) = cpu_layer::layer_in(x, &w_in, &shape, rope, cache.offset() as i32, policy)?;
+            let (keys, values) = cache.update_and_fetch(&k, &v)?;
+            return Ok(cpu_layer::layer_out(x, &q, &keys, &values, &w_out, &shape, policy)?);
         }
         let r = self.attn.forward(&self.input_layernorm.forward(x)?, cache, rope, true)?;
         let h = x.add(&r)?;
@@ -449,7 +448,8 @@ impl Block {
 
     /// This block's weights as [`mlx_core::cpu_layer`] takes them, when it does under the
     /// block's kernel policy ([`mlx_core::cpu_layer::applies`]): every projection quantized in
-    /// one spec, float32 norms, biases and RoPE frequencies, no MLP biases, SwiGLU.
+    /// one spec, float32 norms, biases and RoPE frequencies, one epsilon for the two block
+    /// norms and one for the q/k norms, no MLP biases, SwiGLU.
     fn fused_weights(&self, rope: &Rope) -> Option<(AttentionIn<'_>, AttentionOutMlp<'_>, LayerShape)> {
         let (a, m) = (&self.attn, &self.mlp);
         let (quantized, bias) = (Linear::quantized, Linear::bias);
@@ -465,7 +465,7 @@ impl Block {
             _ => return None,
         };
         let qk_norms = match (&a.q_norm, &a.k_norm) {
-            (Some(q), Some(k)) => Some([&q.weight, &k.weight]),
+            (Some(q), Some(k)) if q.eps == k.eps => Some([&q.weight, &k.weight]),
             (None, None) => None,
             _ => return None,
         };
@@ -476,7 +476,8 @@ impl Block {
         let fits = cpu_layer::applies(&mats, a.kernels())
             && m.act == Activation::Silu
             && a.v_norm_eps.is_none()
-            && mlp.iter().zip([&m.gate_proj, &m.up_proj, &m.down_proj]).all(|(_, l)| bias(l).is_none())
+            && post_norm.eps == in_norm.eps
+            && [&m.gate_proj, &m.up_proj, &m.down_proj].iter().all(|l| l.bias().is_none())
             && vectors.iter().all(|v| v.dtype() == Dtype::Float32);
         if !fits {
             return None;
