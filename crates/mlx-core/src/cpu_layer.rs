@@ -14,7 +14,7 @@
 //! transposes and adds; here six (the two nodes, the cache's two writes and two slices). The
 //! nodes (`crates/mlx-sys/src/layer.cc`) call the separate kernels' own functions in the same
 //! order, so their outputs equal the separate nodes' bit for bit at any window length (tested
-//! in `tests/cpu_layer.rs`); a policy counts them in [`KernelPolicy::calls`] as the separate
+//! in `crates/models/tests/fused_layer.rs`); a policy counts them in [`KernelPolicy::calls`] as the separate
 //! nodes they replace (four products, the norms and RoPEs, one attention).
 //!
 //! Used by `models` when [`KernelPolicy::uses_layer`] (off: `MLX_SPEC_LAYER=mlx`), the
