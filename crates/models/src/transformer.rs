@@ -457,8 +457,6 @@ impl Block {
         let qkv = [quantized(&a.q_proj)?, quantized(k_proj)?, quantized(v_proj)?];
         let mlp = [quantized(&m.gate_proj)?, quantized(&m.up_proj)?, quantized(&m.down_proj)?];
         let o = quantized(&a.o_proj)?;
-        let mut mats = vec![o];
-        mats.extend(qkv.iter().chain(&mlp).copied());
         let qkv_bias = match (bias(&a.q_proj), bias(k_proj), bias(v_proj)) {
             (Some(q), Some(k), Some(v)) => Some([q, k, v]),
             (None, None, None) => None,
@@ -470,15 +468,18 @@ impl Block {
             _ => return None,
         };
         let (in_norm, post_norm) = (&self.input_layernorm, &self.post_attention_layernorm);
-        let mut vectors = vec![&in_norm.weight, &post_norm.weight];
-        vectors.extend(qkv_bias.iter().flatten().copied().chain(qk_norms.iter().flatten().copied()));
-        vectors.extend(bias(&a.o_proj).into_iter().chain(rope.freqs.as_ref()));
-        let fits = cpu_layer::applies(&mats, a.kernels())
+        let mut vectors = [&in_norm.weight, &post_norm.weight]
+            .into_iter()
+            .chain(qkv_bias.iter().flatten().copied())
+            .chain(qk_norms.iter().flatten().copied())
+            .chain(bias(&a.o_proj))
+            .chain(rope.freqs.as_ref());
+        let fits = cpu_layer::applies(&[o, qkv[0], qkv[1], qkv[2], mlp[0], mlp[1], mlp[2]], a.kernels())
             && m.act == Activation::Silu
             && a.v_norm_eps.is_none()
             && post_norm.eps == in_norm.eps
             && [&m.gate_proj, &m.up_proj, &m.down_proj].iter().all(|l| l.bias().is_none())
-            && vectors.iter().all(|v| v.dtype() == Dtype::Float32);
+            && vectors.all(|v| v.dtype() == Dtype::Float32);
         if !fits {
             return None;
         }
