@@ -40,7 +40,7 @@ pub struct LayerShape {
     pub head_dim: i32,
     /// Softmax scale (`D^-0.5`).
     pub scale: f32,
-    /// Epsilon of the input and post-attention RMS norms.
+    /// Epsilon added to the mean square in the input and post-attention RMS norms.
     pub norm_eps: f32,
     /// Epsilon of the per-head q/k norms (Qwen3); unused without them.
     pub qk_norm_eps: f32,
@@ -48,7 +48,8 @@ pub struct LayerShape {
 
 /// The inputs of [`layer_in`] besides `x`: the input norm weight `[H]`, the q, k, v
 /// projections (`[Hq * D, H]`, `[Hkv * D, H]` twice), their optional biases and the optional
-/// per-head q and k norm weights `[D]`.
+/// per-head q and k norm weights `[D]`. Norms and biases float32; matrices 4- or 8-bit with
+/// float32 scales and biases, one [`QuantSpec`].
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionIn<'a> {
     /// `input_layernorm.weight`.
@@ -63,7 +64,7 @@ pub struct AttentionIn<'a> {
 
 /// The inputs of [`layer_out`] besides the activations: the output projection `[H, Hq * D]`
 /// and its optional bias, the post-attention norm weight `[H]` and the MLP's gate, up
-/// (`[I, H]`) and down (`[H, I]`) projections.
+/// (`[I, H]`) and down (`[H, I]`) projections. Dtypes as in [`AttentionIn`].
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionOutMlp<'a> {
     /// `o_proj`.
