@@ -4,8 +4,7 @@
 //! The closure is called once, with traced copies of the primals, and builds its graph from
 //! ordinary [`Array`] ops; arrays it captures (data, frozen weights) are constants. Every MLX
 //! op has a gradient rule; the CPU kernels of this project's [`KernelPolicy`] do not, so a
-//! function to differentiate is built with [`KernelPolicy::mlx`] (or
-//! [`KernelPolicy::reference`]) layers.
+//! function to differentiate is built with [`KernelPolicy::mlx`] layers.
 //!
 //! ```
 //! use mlx_core::{Array, autograd};

@@ -115,7 +115,7 @@ pub enum Precision {
     /// VCVTNEPS2BF16), products summed in float32 by bf16 dot products (`vdpbf16ps`, Intel SDM:
     /// per f32 lane two round-to-nearest FMAs; AVX512_BF16: twice the multiply-adds of an f32
     /// FMA per instruction; on CPUs without it, portable code with the same bits, about 100x
-    /// slower: [`KernelPolicy::bf16_in_hardware`]). Outputs stay float32. Only
+    /// slower: [`KernelPolicy::precision_in_hardware`]). Outputs stay float32. Only
     /// quantized matmuls change; a row's result still does not depend on the number of rows,
     /// so speculation is lossless against this precision's plain decoding. Its distance from
     /// f32 is measured by `cargo xtask precision` (perplexity and top-1 agreement).
