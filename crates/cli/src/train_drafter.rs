@@ -46,10 +46,12 @@ pub struct TrainDrafterArgs {
     /// built-in set of 1,000 chat, math and code prompts].
     #[arg(long)]
     prompts: Option<PathBuf>,
-    /// Prompts the target answers for training (the first ones of the set).
+    /// Prompts the target answers for training (the first ones of the set that are not held
+    /// out).
     #[arg(long, default_value_t = 300)]
     num_prompts: usize,
-    /// Prompts after those kept out of training, for the held-out evaluation.
+    /// Prompts kept out of training for the held-out evaluation: the last ones of each domain
+    /// (the source before `:`), one domain after the other, the same whatever --num-prompts.
     #[arg(long, default_value_t = 16)]
     held_out: usize,
     /// Longest answer the target writes per prompt, tokens.
@@ -154,25 +156,20 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
             .map(|l| serde_json::from_str::<Prompt>(l).context("the built-in prompt set"))
             .collect::<Result<_>>()?,
     };
-    if prompts.len() < a.num_prompts + a.held_out {
-        bail!(
-            "the prompt set has {} prompts; --num-prompts {} + --held-out {} need more",
-            prompts.len(),
-            a.num_prompts,
-            a.held_out
-        );
-    }
+    let sources: Vec<&str> = prompts.iter().map(|p| p.source.as_str()).collect();
+    let split = spec::prompts::split(&sources, a.num_prompts, a.held_out)
+        .with_context(|| format!("--num-prompts {} + --held-out {}", a.num_prompts, a.held_out))?;
     let eos = tok.eos_ids().to_vec();
-    let encode = |p: &Prompt| p.ids(&tok).map(|ids| (p.source.clone(), ids));
-    let train_prompts = prompts[..a.num_prompts].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
-    let held_prompts =
-        prompts[a.num_prompts..a.num_prompts + a.held_out].iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
+    let encode = |i: &usize| prompts[*i].ids(&tok).map(|ids| (prompts[*i].source.clone(), ids));
+    let train_prompts = split.train.iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
+    let held_prompts = split.held_out.iter().map(encode).collect::<spec::Result<Vec<_>>>()?;
     std::fs::create_dir_all(&work).with_context(|| format!("creating the work directory {}", work.display()))?;
     let data_settings = DataSettings {
         target: target_dir.clone(),
         prompts: a.prompts.clone(),
         num_prompts: a.num_prompts,
         held_out: a.held_out,
+        split: SPLIT.into(),
         max_new_tokens: a.max_new_tokens,
     };
     check_data_settings(&work, &data_settings)?;
@@ -352,6 +349,10 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
     Ok(())
 }
 
+/// How the prompt set is split into training and held-out prompts (`spec::prompts::split`),
+/// recorded in `data.json`.
+const SPLIT: &str = "last of each domain";
+
 /// What the samples in a work directory were made from (`data.json`): a resume must not mix
 /// answers to other prompts, of another length or of another target into the run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -360,7 +361,15 @@ struct DataSettings {
     prompts: Option<PathBuf>,
     num_prompts: usize,
     held_out: usize,
+    /// [`SPLIT`]; work directories from before it was recorded held out the prompts right
+    /// after the training ones.
+    #[serde(default = "sequential_split")]
+    split: String,
     max_new_tokens: usize,
+}
+
+fn sequential_split() -> String {
+    "after the training prompts".into()
 }
 
 /// Writes `data.json` in `work` (atomically) on the first run; on a resume, refuses settings
@@ -378,6 +387,7 @@ fn check_data_settings(work: &Path, now: &DataSettings) -> Result<()> {
         ("--prompts", show(&was.prompts), show(&now.prompts)),
         ("--num-prompts", was.num_prompts.to_string(), now.num_prompts.to_string()),
         ("--held-out", was.held_out.to_string(), now.held_out.to_string()),
+        ("the held-out split", was.split.clone(), now.split.clone()),
         ("--max-new-tokens", was.max_new_tokens.to_string(), now.max_new_tokens.to_string()),
     ]
     .into_iter()

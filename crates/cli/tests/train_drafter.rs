@@ -173,4 +173,16 @@ fn bad_flags_and_data_are_named() {
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && err.contains("bad.jsonl line 2"), "{err}");
     assert!(!out.exists(), "a failed run must not leave a checkpoint");
+    // A work directory from before the held-out split was recorded held out the prompts after
+    // the training ones: its answers are not resumed under the per-domain split.
+    let work = root.path().join("d.work");
+    std::fs::create_dir_all(&work).unwrap();
+    let old = serde_json::json!({
+        "target": target, "prompts": prompts, "num_prompts": 2, "held_out": 1, "max_new_tokens": 256,
+    });
+    std::fs::write(work.join("data.json"), old.to_string()).unwrap();
+    fails(
+        &["--num-prompts", "2", "--held-out", "1", "--mask-token-id", "0"],
+        "the held-out split: after the training prompts -> last of each domain",
+    );
 }
