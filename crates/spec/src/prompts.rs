@@ -92,19 +92,12 @@ pub fn split(sources: &[&str], num_train: usize, held_out: usize) -> Result<Spli
     for (_, idx) in &mut domains {
         idx.reverse();
     }
-    let mut held = Vec::with_capacity(held_out);
-    for round in 0.. {
-        if held.len() == held_out {
-            break;
-        }
-        for (_, idx) in &domains {
-            if let Some(&i) = idx.get(round)
-                && held.len() < held_out
-            {
-                held.push(i);
-            }
-        }
-    }
+    // Round r takes each domain's r-th prompt from the end.
+    let rounds = domains.iter().map(|(_, idx)| idx.len()).max().unwrap_or(0);
+    let mut held: Vec<usize> = (0..rounds)
+        .flat_map(|r| domains.iter().filter_map(move |(_, idx)| idx.get(r).copied()))
+        .take(held_out)
+        .collect();
     held.sort_unstable();
     let train = (0..sources.len()).filter(|i| held.binary_search(i).is_err()).take(num_train).collect();
     Ok(Split { train, held_out: held })
