@@ -1,5 +1,5 @@
 //! A llama-style decoder layer (mlx-lm's `TransformerBlock` of `models/llama.py`, `qwen2.py`,
-//! `qwen3.py`) as two graph nodes on the MLX CPU backend, around the KV cache write:
+//! `qwen3.py`) as one graph node on the MLX CPU backend, or two around the KV cache write:
 //!
 //! ```text
 //! layer_in:  x -> rms_norm -> q, k, v = x W^T (+ b) -> per-head q/k norms -> RoPE
@@ -7,19 +7,22 @@
 //! (the caller appends k, v to its cache; keys, values [B, Hkv, T, D] are the cache's)
 //! layer_out: attention(q, keys, values) -> o W^T (+ b) -> h = x + o
 //!            -> h + down(silu(gate(rms_norm(h))) * up(rms_norm(h)))   [B, L, H]
+//! layer:     layer_in, the write of k, v into the cache's buffers, layer_out: one node
 //! ```
 //!
 //! A decode step builds and dispatches some 23 nodes per layer through the separate kernels
 //! ([`crate::cpu_quant`], [`crate::cpu_fast`], [`crate::cpu_attention`]) plus reshapes,
-//! transposes and adds; here six (the two nodes, the cache's two writes and two slices). The
-//! nodes (`crates/mlx-sys/src/layer.cc`) call the separate kernels' own functions in the same
-//! order, so their outputs equal the separate nodes' bit for bit at any window length (tested
-//! in `crates/models/tests/fused_layer.rs`); a policy counts them in [`KernelPolicy::calls`] as the separate
-//! nodes they replace (four products, the norms and RoPEs, one attention).
+//! transposes and adds; six with [`layer_in`] and [`layer_out`] (the two nodes, the cache's
+//! two writes and two slices); one with [`layer`]. The nodes (`crates/mlx-sys/src/layer.cc`)
+//! call the separate kernels' own functions in the same order, so their outputs equal the
+//! separate nodes' bit for bit at any window length (tested in
+//! `crates/models/tests/fused_layer.rs`); a policy counts them in [`KernelPolicy::calls`] as
+//! the separate nodes they replace (four products, the norms and RoPEs, one attention).
 //!
-//! Used by `models` when [`KernelPolicy::uses_layer`] (off: `MLX_SPEC_LAYER=mlx`), the
-//! activations are float32 and every projection is quantized with one [`QuantSpec`] the
-//! kernel takes ([`crate::cpu_quant::supports`]).
+//! Used by `models` when [`KernelPolicy::uses_layer`] (`MLX_SPEC_LAYER`: [`crate::LayerNodes`]),
+//! the activations are float32 and every projection is quantized with one [`QuantSpec`] the
+//! kernel takes ([`crate::cpu_quant::supports`]): [`layer`] for a full KV cache, the two
+//! nodes for other caches (a rotating window's) and under `MLX_SPEC_LAYER=split`.
 use mlx_sys::ffi;
 
 use crate::array::{list, wrap};
@@ -108,6 +111,7 @@ fn params(
         has_qkv_bias: flags.0,
         has_qk_norm: flags.1,
         has_o_bias: flags.2,
+        in_place: false,
     }
 }
 
@@ -153,10 +157,7 @@ pub fn layer_in(
         &params(shape, Some((rope, offset)), spec, policy, flags),
     )
     .map_err(|e| crate::Error::mlx("cpu_layer_in", e))?;
-    // The nodes it replaces: one product node, the input norm, two RoPEs, two head norms.
-    policy.count(Kernel::Qmm);
-    let fast = 3 + if flags.1 { 2 } else { 0 };
-    (0..fast).for_each(|_| policy.count(Kernel::Fast));
+    count_in(policy, flags.1);
     let get = |i| wrap("cpu_layer_in", ffi::list_get(&l, i));
     Ok((get(0)?, get(1)?, get(2)?))
 }
@@ -194,14 +195,83 @@ pub fn layer_out(
             &params(shape, None, spec, policy, (false, false, w.o_bias.is_some())),
         ),
     )?;
-    // The nodes it replaces: the o, SwiGLU and down products, the norm, the attention.
-    (0..3).for_each(|_| policy.count(Kernel::Qmm));
-    policy.count(Kernel::Fast);
-    policy.count(Kernel::Sdpa);
+    count_out(policy);
     Ok(out)
 }
 
-/// Layer nodes (either kind) evaluated in this process, under any policy.
+/// The whole layer with its cache write as one node: [`layer_in`], the write of its keys and
+/// values at positions `offset .. offset + L` of the cache's buffers `keys`, `values`
+/// `[B, Hkv, C, D]` (float32, `C >= offset + L`), and [`layer_out`] over their first
+/// `offset + L` positions. Returns `y [B, L, H]` and the two buffers after the write. With
+/// `in_place` the returned buffers are the input buffers, written in place (when they are
+/// row-contiguous): the caller promises that nothing else reads `keys` and `values` after
+/// this node, as MLX's own donation would check if a node of several outputs could pass its
+/// test. Otherwise they are copies of the first `offset` rows plus the new ones (rows past
+/// `offset + L` unset). `y` equals [`layer_out`] after [`layer_in`] bit for bit.
+///
+/// One node instead of six a layer keeps a decode step under what MLX queues ahead of its
+/// stream thread (`crates/mlx-sys/src/layer.cc`).
+///
+/// # Errors
+/// [`crate::Error::Mlx`] (op `cpu_layer`) naming the input that does not fit, buffers too
+/// short for `offset + L`, or off the CPU.
+#[allow(clippy::too_many_arguments)]
+pub fn layer(
+    x: &Array,
+    keys: &Array,
+    values: &Array,
+    offset: i32,
+    in_place: bool,
+    w_in: &AttentionIn<'_>,
+    w_out: &AttentionOutMlp<'_>,
+    shape: &LayerShape,
+    rope: &Rope,
+    policy: &KernelPolicy,
+) -> Result<(Array, Array, Array)> {
+    let spec = same_spec(
+        "cpu_layer",
+        &[w_in.qkv[0], w_in.qkv[1], w_in.qkv[2], w_out.o, w_out.mlp[0], w_out.mlp[1], w_out.mlp[2]],
+    )?;
+    let flags = (w_in.qkv_bias.is_some(), w_in.qk_norms.is_some(), w_out.o_bias.is_some());
+    let l = ffi::cpu_layer(
+        x.raw(),
+        keys.raw(),
+        values.raw(),
+        w_in.norm.raw(),
+        &triples(w_in.qkv),
+        &list(w_in.qkv_bias.iter().flatten().copied()),
+        &list(w_in.qk_norms.iter().flatten().copied()),
+        &list(rope.freqs.as_ref()),
+        &triples([w_out.o]),
+        &list(w_out.o_bias),
+        w_out.norm.raw(),
+        &triples(w_out.mlp),
+        &ffi::LayerParams { in_place, ..params(shape, Some((rope, offset)), spec, policy, flags) },
+    )
+    .map_err(|e| crate::Error::mlx("cpu_layer", e))?;
+    count_in(policy, flags.1);
+    count_out(policy);
+    let get = |i| wrap("cpu_layer", ffi::list_get(&l, i));
+    Ok((get(0)?, get(1)?, get(2)?))
+}
+
+/// [`layer_in`]'s share of [`KernelPolicy::calls`]: the nodes it replaces (one product node,
+/// the input norm, two RoPEs, two head norms when `qk_norm`).
+fn count_in(policy: &KernelPolicy, qk_norm: bool) {
+    policy.count(Kernel::Qmm);
+    let fast = 3 + if qk_norm { 2 } else { 0 };
+    (0..fast).for_each(|_| policy.count(Kernel::Fast));
+}
+
+/// [`layer_out`]'s share of [`KernelPolicy::calls`]: the o, SwiGLU and down products, the
+/// norm, the attention.
+fn count_out(policy: &KernelPolicy) {
+    (0..3).for_each(|_| policy.count(Kernel::Qmm));
+    policy.count(Kernel::Fast);
+    policy.count(Kernel::Sdpa);
+}
+
+/// Layer nodes (any kind) evaluated in this process, under any policy.
 pub fn calls() -> u64 {
     ffi::cpu_layer_calls()
 }

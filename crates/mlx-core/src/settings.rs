@@ -103,6 +103,42 @@ impl fmt::Display for Isa {
     }
 }
 
+/// How a llama/qwen decoder layer of 4/8-bit weights runs on the CPU backend
+/// (`MLX_SPEC_LAYER`; where [`KernelPolicy::uses_layer`]). Every choice gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LayerNodes {
+    /// A node per op (norm, products, RoPE, cache write, attention, adds): `mlx`, `off`, `0`.
+    Ops,
+    /// Two nodes of [`crate::cpu_layer`] around the KV cache's own write (six nodes a
+    /// layer): `split`.
+    Split,
+    /// One node of [`crate::cpu_layer`] writing a full KV cache itself (the default, `on`);
+    /// two around the write for other caches (a rotating window's).
+    #[default]
+    One,
+}
+
+impl LayerNodes {
+    /// `on`, `split` or `mlx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerNodes::Ops => "mlx",
+            LayerNodes::Split => "split",
+            LayerNodes::One => "on",
+        }
+    }
+
+    /// `on`/`1`/`true`/`yes`, `split`, `mlx`/`off`/`0`/`false`/`no` (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => Some(LayerNodes::One),
+            "split" => Some(LayerNodes::Split),
+            "mlx" | "off" | "0" | "false" | "no" => Some(LayerNodes::Ops),
+            _ => None,
+        }
+    }
+}
+
 /// The arithmetic of the quantized matmul kernel ([`crate::cpu_quant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Precision {
@@ -240,9 +276,9 @@ pub struct KernelPolicy {
     pub fast_norm_rope: bool,
     /// Fused attention for short query windows (`MLX_SPEC_SDPA`).
     pub sdpa: bool,
-    /// A llama/qwen decoder layer as two CPU nodes (`MLX_SPEC_LAYER`; applies where
+    /// How a llama/qwen decoder layer runs (`MLX_SPEC_LAYER`; the fused nodes apply where
     /// [`KernelPolicy::uses_layer`]).
-    pub layer: bool,
+    pub layer: LayerNodes,
     /// The best instruction set the matmul kernel may use (`MLX_SPEC_QMM_ISA`).
     pub max_isa: Isa,
     /// The quantized matmul kernel's arithmetic (`MLX_SPEC_PRECISION`).
@@ -284,7 +320,7 @@ impl KernelPolicy {
             self.dense,
             self.fast_norm_rope,
             self.sdpa,
-            self.layer,
+            self.layer.name(),
             self.max_isa,
             self.precision,
             self.threads,
@@ -311,7 +347,7 @@ impl KernelPolicy {
             dense: on,
             fast_norm_rope: on,
             sdpa: on,
-            layer: on,
+            layer: if on { LayerNodes::One } else { LayerNodes::Ops },
             max_isa: Isa::Avx512f,
             precision: Precision::F32,
             threads: None,
@@ -392,11 +428,11 @@ impl KernelPolicy {
         self.sdpa && cpu_backend()
     }
 
-    /// Whether a decoder layer may run as the two CPU nodes of [`crate::cpu_layer`]: its
-    /// switch and every kernel those nodes are made of (quantized matmul, norm and RoPE,
-    /// attention) on, on the CPU backend.
+    /// Whether a decoder layer may run as the fused CPU nodes of [`crate::cpu_layer`]: its
+    /// setting not [`LayerNodes::Ops`] and every kernel those nodes are made of (quantized
+    /// matmul, norm and RoPE, attention) on, on the CPU backend.
     pub fn uses_layer(&self) -> bool {
-        self.layer && self.uses_qmm() && self.uses_fast_norm_rope() && self.uses_sdpa()
+        self.layer != LayerNodes::Ops && self.uses_qmm() && self.uses_fast_norm_rope() && self.uses_sdpa()
     }
 
     /// Whether float32 models on this policy compute each activation row with the same float
@@ -456,7 +492,7 @@ pub struct Settings {
     /// `MLX_SPEC_SDPA`.
     pub sdpa: Setting<bool>,
     /// `MLX_SPEC_LAYER`.
-    pub layer: Setting<bool>,
+    pub layer: Setting<LayerNodes>,
     /// `MLX_SPEC_QMM_ISA`.
     pub max_isa: Setting<Isa>,
     /// `MLX_SPEC_PRECISION`.
@@ -540,6 +576,14 @@ impl Settings {
             }
             None => Setting::default(Isa::Avx512f),
         };
+        let layer = match lookup("MLX_SPEC_LAYER").map(|v| (LayerNodes::parse(&v), v)) {
+            Some((Some(l), _)) => Setting { value: l, source: Source::Env("MLX_SPEC_LAYER") },
+            Some((None, v)) => {
+                refuse("MLX_SPEC_LAYER", &v, "on, split or off (mlx, 0)", "on");
+                Setting::default(LayerNodes::One)
+            }
+            None => Setting::default(LayerNodes::One),
+        };
         let precision = match lookup("MLX_SPEC_PRECISION").map(|v| (Precision::parse(&v), v)) {
             Some((Some(p), _)) => Setting { value: p, source: Source::Env("MLX_SPEC_PRECISION") },
             Some((None, v)) => {
@@ -590,7 +634,6 @@ impl Settings {
         let dense = switch(&lookup, "MLX_SPEC_DENSE", &mut invalid);
         let fast_norm_rope = switch(&lookup, "MLX_SPEC_FAST", &mut invalid);
         let sdpa = switch(&lookup, "MLX_SPEC_SDPA", &mut invalid);
-        let layer = switch(&lookup, "MLX_SPEC_LAYER", &mut invalid);
         let gemv_routing = switch(&lookup, "MLX_SPEC_GEMV", &mut invalid);
         Settings {
             qmm,
@@ -654,9 +697,9 @@ impl Settings {
             },
             Entry {
                 name: "MLX_SPEC_LAYER",
-                value: on(self.layer.value),
+                value: self.layer.value.name().to_string(),
                 source: self.layer.source,
-                about: "a llama/qwen decoder layer of 4/8-bit weights as two CPU nodes (`mlx`: a node per op)",
+                about: "a llama/qwen decoder layer of 4/8-bit weights as one CPU node writing the KV cache, same bits as op by op (`split`: two nodes around the cache's write; `mlx`: a node per op)",
             },
             Entry {
                 name: "MLX_SPEC_QMM_ISA",
@@ -755,7 +798,9 @@ mod tests {
     #[test]
     fn defaults_without_variables() {
         let s = from(&[]);
-        assert!(s.qmm.value && s.dense.value && s.fast_norm_rope.value && s.sdpa.value && s.layer.value);
+        assert!(
+            s.qmm.value && s.dense.value && s.fast_norm_rope.value && s.sdpa.value && s.layer.value == LayerNodes::One
+        );
         assert_eq!(s.max_isa, Setting { value: Isa::Avx512f, source: Source::Default });
         assert_eq!(s.process.pool_spin_us.value, 5000);
         assert_eq!(s.process.threads.value, None);

@@ -1,11 +1,21 @@
-// A llama-style decoder layer (llama, SmolLM2, Qwen2, Qwen3) in two MLX custom primitives on
-// the CPU backend, around the KV cache write that stays an MLX op:
+// A llama-style decoder layer (llama, SmolLM2, Qwen2, Qwen3) as MLX custom primitives on the
+// CPU backend:
 //
 //   LayerInCpu   x -> rms_norm -> q, k, v products (+ biases) -> per-head q/k norms
 //                  -> RoPE -> q [B, Hq, L, D], k [B, Hkv, L, D], v [B, Hkv, L, D]
 //   (the caller appends k, v to its cache and passes the cache's keys and values)
 //   LayerOutCpu  attention(q, keys, values) -> o product (+ bias) -> h = x + o
 //                  -> rms_norm -> SwiGLU gate/up products -> down product -> h + down
+//   LayerCpu     both halves and the cache write between them as one node: it takes the
+//                cache's whole key and value buffers [B, Hkv, capacity, D], writes the new
+//                rows at positions offset .. offset + L (in place when MLX can donate the
+//                buffers, else into a copy) and returns y and the two buffers.
+//
+// Why one node: MLX 0.32 queues at most MAX_ACTIVE_TASKS = 10 tasks of DISPATCHES_PER_TASK
+// = 10 dispatches (two per CPU node) ahead of the stream thread, so a step of more than ~50
+// nodes keeps the thread that builds the next step in lock-step with the one running this
+// one. LayerInCpu + cache write + LayerOutCpu is six nodes a layer (~190 for SmolLM2's 30
+// layers); LayerCpu is one (~35).
 //
 // Why: on the CPU a decode step of SmolLM2-135M spends about as long outside the products as
 // in them, most of it building, dispatching and allocating some 23 graph nodes per layer
@@ -40,18 +50,26 @@ std::atomic<uint64_t> g_layer_calls{0};
 
 using kernels::weight_inputs;
 
-// Registers the inputs and freshly allocated outputs with the stream's encoder and runs
-// `fn(inputs, outputs)` on the stream thread.
+// Registers the inputs and the outputs with the stream's encoder and runs `fn(inputs,
+// outputs)` on the stream thread. Output i takes over input donors[i]'s buffer when
+// donors[i] >= 0 (fn sees equal data pointers), else gets a fresh one.
 template <class Fn>
-void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn) {
+void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn,
+              const std::vector<int>& donors = {}) {
   auto& enc = mx::cpu::get_command_encoder(stream);
   std::vector<mx::array> ins, outs;
   for (auto& in : inputs) {
     enc.set_input_array(in);
     ins.push_back(mx::array::unsafe_weak_copy(in));
   }
-  for (auto& out : outputs) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto& out = outputs[i];
+    const int donor = i < donors.size() ? donors[i] : -1;
+    if (donor >= 0) {
+      out.copy_shared_buffer(inputs[donor]);
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
     enc.set_output_array(out);
     outs.push_back(mx::array::unsafe_weak_copy(out));
   }
@@ -99,6 +117,109 @@ void add_bias(float* y, const float* bias, int m, int n) {
   }
 }
 
+// The first half of the layer: q [B, Hq, L, D], k and v [B, Hkv, L, D] (contiguous, into
+// out[0..3]) for the LayerInCpu inputs at the front of `in` (x, norm, q/k/v weights, then
+// the optional biases, q/k norms and RoPE freqs), the first row at position p.offset.
+void attention_in(const LayerParams& p, const std::vector<mx::array>& in, float* const out[3]) {
+  const mx::array& x = in[0];
+  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim;
+  const int nh[3] = {p.n_heads, p.n_kv_heads, p.n_kv_heads};
+  thread_local std::vector<float> xc, nc, xn, y[3], tmp, vec_tmp[5];
+  const float* xs = kernels::contiguous_f32(x, xc);
+  const float* norm = kernels::contiguous_f32(in[1], nc);
+  xn.resize(static_cast<size_t>(m) * h);
+  for (int r = 0; r < m; ++r) {
+    kernels::rms_norm_row(xs + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1, xn.data() + static_cast<size_t>(r) * h);
+  }
+  const Weights w(in, 2, 3, p.bits);
+  for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
+  run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
+  size_t at = 2 + 3 * weight_inputs(p.bits);
+  if (p.has_qkv_bias) {
+    for (int j = 0; j < 3; ++j) add_bias(y[j].data(), kernels::contiguous_f32(in[at + j], vec_tmp[j]), m, nh[j] * d);
+    at += 3;
+  }
+  const float* qk_norm[2] = {nullptr, nullptr};
+  if (p.has_qk_norm) {
+    qk_norm[0] = kernels::contiguous_f32(in[at], vec_tmp[3]);
+    qk_norm[1] = kernels::contiguous_f32(in[at + 1], vec_tmp[4]);
+    at += 2;
+  }
+  const kernels::RopeSpec spec{p.rope_dims, p.rope_traditional, p.rope_base, p.rope_scale,
+                               p.rope_has_base ? nullptr : in[at].data<float>(),
+                               p.rope_has_base ? 0 : in[at].strides().back()};
+  std::vector<float> cs, sn;
+  kernels::rope_table(spec, p.offset, nullptr, 0, l, cs, sn);
+  const int half = p.rope_dims / 2;
+  tmp.resize(d);
+  // Row (b, l) of projection j, head hd -> out[j] [b, hd, l, :]: normed (q, k when
+  // configured), roped (q, k) or copied (v).
+  for (int j = 0; j < 3; ++j) {
+    for (int bi = 0; bi < b; ++bi) {
+      for (int li = 0; li < l; ++li) {
+        for (int hd = 0; hd < nh[j]; ++hd) {
+          const float* src = y[j].data() + (static_cast<size_t>(bi * l + li) * nh[j] + hd) * d;
+          float* row = out[j] + ((static_cast<size_t>(bi) * nh[j] + hd) * l + li) * d;
+          if (j == 2) {
+            std::copy(src, src + d, row);
+            continue;
+          }
+          if (qk_norm[j]) {
+            kernels::rms_norm_row(src, 1, d, p.qk_norm_eps, qk_norm[j], 1, tmp.data());
+            src = tmp.data();
+          }
+          kernels::rope_row(spec, src, 1, d, cs.data() + static_cast<size_t>(li) * half,
+                            sn.data() + static_cast<size_t>(li) * half, row);
+        }
+      }
+    }
+  }
+}
+
+// The second half of the layer: y [B, L, H] (contiguous) for the residual stream x, queries
+// q [B, Hq, L, D] and the first t keys and values [B, Hkv, t, D], with the o weights, its
+// bias when has_o_bias, the post-attention norm and the gate, up and down weights at
+// in[o_at ...] (LayerOutCpu's order).
+void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const mx::array& x, const kernels::View4& q,
+                   const kernels::View4& k, const kernels::View4& v, int t, size_t o_at, float* y) {
+  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim, hq = p.n_heads;
+  const int qd = hq * d;
+  thread_local std::vector<float> xc, attn, ao, o, ob, h1, nc, hn, s, dn;
+  attn.resize(static_cast<size_t>(m) * qd);
+  kernels::attention(q, k, v, attn.data(), b, hq, p.n_kv_heads, l, t, d, d, p.scale, l > 1);
+  // [B, Hq, L, D] -> [B, L, Hq * D], the o product's rows.
+  ao.resize(attn.size());
+  for (int bi = 0; bi < b; ++bi) {
+    for (int hd = 0; hd < hq; ++hd) {
+      for (int li = 0; li < l; ++li) {
+        const float* src = attn.data() + ((static_cast<size_t>(bi) * hq + hd) * l + li) * d;
+        std::copy(src, src + d, ao.data() + static_cast<size_t>(bi * l + li) * qd + static_cast<size_t>(hd) * d);
+      }
+    }
+  }
+  const int per = weight_inputs(p.bits);
+  const size_t norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
+  const Weights wo(in, o_at, 1, p.bits), wm(in, mlp_at, 3, p.bits);
+  o.resize(static_cast<size_t>(m) * h);
+  run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false);
+  if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
+  const float* xs = kernels::contiguous_f32(x, xc);
+  h1.resize(o.size());
+  for (size_t i = 0; i < h1.size(); ++i) h1[i] = xs[i] + o[i];
+  const float* norm = kernels::contiguous_f32(in[norm_at], nc);
+  hn.resize(h1.size());
+  for (int r = 0; r < m; ++r) {
+    kernels::rms_norm_row(h1.data() + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1,
+                          hn.data() + static_cast<size_t>(r) * h);
+  }
+  const int inter = wm.mats[0].n;
+  s.resize(static_cast<size_t>(m) * inter);
+  run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
+  dn.resize(h1.size());
+  run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
+  for (size_t i = 0; i < h1.size(); ++i) y[i] = h1[i] + dn[i];
+}
+
 // Inputs: x [B, L, H], norm [H], the q, k, v weights (weight_inputs(bits) inputs each), then
 // when has_qkv_bias the q, k, v biases, when has_qk_norm the q and k norm weights [D], when
 // !rope_has_base the RoPE freqs [dims / 2]. Outputs q [B, Hq, L, D], k and v [B, Hkv, L, D].
@@ -108,60 +229,8 @@ class LayerInCpu : public mx::Primitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
-      const mx::array& x = in[0];
-      const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim;
-      const int nh[3] = {p.n_heads, p.n_kv_heads, p.n_kv_heads};
-      thread_local std::vector<float> xc, nc, xn, y[3], tmp, vec_tmp[5];
-      const float* xs = kernels::contiguous_f32(x, xc);
-      const float* norm = kernels::contiguous_f32(in[1], nc);
-      xn.resize(static_cast<size_t>(m) * h);
-      for (int r = 0; r < m; ++r) {
-        kernels::rms_norm_row(xs + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1, xn.data() + static_cast<size_t>(r) * h);
-      }
-      const Weights w(in, 2, 3, p.bits);
-      for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
-      run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
-      size_t at = 2 + 3 * weight_inputs(p.bits);
-      if (p.has_qkv_bias) {
-        for (int j = 0; j < 3; ++j) add_bias(y[j].data(), kernels::contiguous_f32(in[at + j], vec_tmp[j]), m, nh[j] * d);
-        at += 3;
-      }
-      const float* qk_norm[2] = {nullptr, nullptr};
-      if (p.has_qk_norm) {
-        qk_norm[0] = kernels::contiguous_f32(in[at], vec_tmp[3]);
-        qk_norm[1] = kernels::contiguous_f32(in[at + 1], vec_tmp[4]);
-        at += 2;
-      }
-      const kernels::RopeSpec spec{p.rope_dims, p.rope_traditional, p.rope_base, p.rope_scale,
-                                   p.rope_has_base ? nullptr : in[at].data<float>(),
-                                   p.rope_has_base ? 0 : in[at].strides().back()};
-      std::vector<float> cs, sn;
-      kernels::rope_table(spec, p.offset, nullptr, 0, l, cs, sn);
-      const int half = p.rope_dims / 2;
-      tmp.resize(d);
-      // Row (b, l) of projection j, head hd -> out[j] [b, hd, l, :]: normed (q, k when
-      // configured), roped (q, k) or copied (v).
-      for (int j = 0; j < 3; ++j) {
-        float* dst = out[j].data<float>();
-        for (int bi = 0; bi < b; ++bi) {
-          for (int li = 0; li < l; ++li) {
-            for (int hd = 0; hd < nh[j]; ++hd) {
-              const float* src = y[j].data() + (static_cast<size_t>(bi * l + li) * nh[j] + hd) * d;
-              float* row = dst + ((static_cast<size_t>(bi) * nh[j] + hd) * l + li) * d;
-              if (j == 2) {
-                std::copy(src, src + d, row);
-                continue;
-              }
-              if (qk_norm[j]) {
-                kernels::rms_norm_row(src, 1, d, p.qk_norm_eps, qk_norm[j], 1, tmp.data());
-                src = tmp.data();
-              }
-              kernels::rope_row(spec, src, 1, d, cs.data() + static_cast<size_t>(li) * half,
-                                sn.data() + static_cast<size_t>(li) * half, row);
-            }
-          }
-        }
-      }
+      float* const qkv[3] = {out[0].data<float>(), out[1].data<float>(), out[2].data<float>()};
+      attention_in(p, in, qkv);
     });
   }
 
@@ -194,45 +263,9 @@ class LayerOutCpu : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     std::vector<mx::array> outputs{output};
     dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
-      const mx::array &x = in[0], &q = in[1], &k = in[2], &v = in[3];
-      const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim, hq = p.n_heads;
-      const int qd = hq * d, t = k.shape(2);
-      thread_local std::vector<float> qt, kt, vt, xc, attn, ao, o, ob, h1, nc, hn, s, dn;
-      attn.resize(static_cast<size_t>(m) * qd);
-      kernels::attention(kernels::view4(q, qt), kernels::view4(k, kt), kernels::view4(v, vt), attn.data(), b, hq,
-                         p.n_kv_heads, l, t, d, d, p.scale, l > 1);
-      // [B, Hq, L, D] -> [B, L, Hq * D], the o product's rows.
-      ao.resize(attn.size());
-      for (int bi = 0; bi < b; ++bi) {
-        for (int hd = 0; hd < hq; ++hd) {
-          for (int li = 0; li < l; ++li) {
-            const float* src = attn.data() + ((static_cast<size_t>(bi) * hq + hd) * l + li) * d;
-            std::copy(src, src + d, ao.data() + static_cast<size_t>(bi * l + li) * qd + static_cast<size_t>(hd) * d);
-          }
-        }
-      }
-      const int per = weight_inputs(p.bits);
-      const size_t o_at = 4, norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
-      const Weights wo(in, o_at, 1, p.bits), wm(in, mlp_at, 3, p.bits);
-      o.resize(static_cast<size_t>(m) * h);
-      run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false);
-      if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
-      const float* xs = kernels::contiguous_f32(x, xc);
-      h1.resize(o.size());
-      for (size_t i = 0; i < h1.size(); ++i) h1[i] = xs[i] + o[i];
-      const float* norm = kernels::contiguous_f32(in[norm_at], nc);
-      hn.resize(h1.size());
-      for (int r = 0; r < m; ++r) {
-        kernels::rms_norm_row(h1.data() + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1,
-                              hn.data() + static_cast<size_t>(r) * h);
-      }
-      const int inter = wm.mats[0].n;
-      s.resize(static_cast<size_t>(m) * inter);
-      run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
-      dn.resize(h1.size());
-      run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
-      float* y = out[0].data<float>();
-      for (size_t i = 0; i < h1.size(); ++i) y[i] = h1[i] + dn[i];
+      thread_local std::vector<float> qt, kt, vt;
+      const kernels::View4 q = kernels::view4(in[1], qt), k = kernels::view4(in[2], kt), v = kernels::view4(in[3], vt);
+      attention_out(p, in, in[0], q, k, v, in[2].shape(2), 4, out[0].data<float>());
     });
   }
 
@@ -248,6 +281,85 @@ class LayerOutCpu : public mx::UnaryPrimitive {
 
  private:
   LayerParams p_;
+};
+
+// Inputs: LayerInCpu's (n_in of them), the cache's key and value buffers [B, Hkv, C, D]
+// (C >= offset + L), then LayerOutCpu's weights (from the o weights on). Outputs y
+// [B, L, H] and the two buffers with rows offset .. offset + L replaced by this window's
+// keys and values: the input buffers themselves, written in place, when p.in_place; else
+// copies of their first offset rows (the rows past offset + L unset: a cache never reads
+// past its offset).
+class LayerCpu : public mx::Primitive {
+ public:
+  LayerCpu(mx::Stream stream, LayerParams p, size_t n_in) : mx::Primitive(stream), p_(p), n_in_(n_in) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const int kv_at = static_cast<int>(n_in_);
+    auto fn = [p = p_, kv_at](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+      const mx::array& x = in[0];
+      const int b = x.shape(0), l = x.shape(1), hkv = p.n_kv_heads, d = p.head_dim, prev = p.offset;
+      const int cap = out[1].shape(2);
+      thread_local std::vector<float> q, kn, vn, copy_tmp;
+      q.resize(static_cast<size_t>(b) * p.n_heads * l * d);
+      kn.resize(static_cast<size_t>(b) * hkv * l * d);
+      vn.resize(kn.size());
+      float* const qkv[3] = {q.data(), kn.data(), vn.data()};
+      attention_in(p, in, qkv);
+      const kernels::View4 q_view{q.data(), static_cast<int64_t>(p.n_heads) * l * d, static_cast<int64_t>(l) * d, d};
+      kernels::View4 cache[2];
+      for (int j = 0; j < 2; ++j) {
+        float* buf = out[1 + j].data<float>();
+        const mx::array& src = in[kv_at + j];
+        if (src.data<float>() != buf && prev > 0) {
+          const kernels::View4 old = kernels::view4(src, copy_tmp);
+          for (int bi = 0; bi < b; ++bi) {
+            for (int hd = 0; hd < hkv; ++hd) {
+              for (int pos = 0; pos < prev; ++pos) {
+                const float* row = old.row(bi, hd, pos);
+                std::copy(row, row + d, buf + ((static_cast<size_t>(bi) * hkv + hd) * cap + pos) * d);
+              }
+            }
+          }
+        }
+        const float* fresh = j == 0 ? kn.data() : vn.data();
+        for (int bi = 0; bi < b; ++bi) {
+          for (int hd = 0; hd < hkv; ++hd) {
+            const float* rows = fresh + (static_cast<size_t>(bi) * hkv + hd) * l * d;
+            std::copy(rows, rows + static_cast<size_t>(l) * d, buf + ((static_cast<size_t>(bi) * hkv + hd) * cap + prev) * d);
+          }
+        }
+        cache[j] = {buf, static_cast<int64_t>(hkv) * cap * d, static_cast<int64_t>(cap) * d, d};
+      }
+      attention_out(p, in, x, q_view, cache[0], cache[1], prev + l, kv_at + 2, out[0].data<float>());
+    };
+    // In place only when the caller says nothing else reads the buffers (p.in_place: MLX's
+    // own donation test never passes here, as each of a node's outputs holds its inputs)
+    // and they have the outputs' layout (not the broadcast zeros of a new cache).
+    std::vector<int> donors{-1, -1, -1};
+    for (int j = 0; j < 2; ++j) {
+      const mx::array &in = inputs[kv_at + j], &out = outputs[1 + j];
+      if (p_.in_place && in.flags().row_contiguous && in.dtype() == out.dtype() && in.shape() == out.shape()) {
+        donors[1 + j] = kv_at + j;
+      }
+    }
+    dispatch(stream(), inputs, outputs, fn, donors);
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("[LayerCpu] has no GPU evaluation");
+  }
+  const char* name() const override { return "LayerCpu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerCpu*>(&other);
+    return o && o->p_ == p_ && o->n_in_ == n_in_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[n_in_].shape(), inputs[n_in_ + 1].shape()};
+  }
+
+ private:
+  LayerParams p_;
+  size_t n_in_;
 };
 
 std::string shape_str(const mx::Shape& s) {
@@ -309,12 +421,10 @@ void check_params(const std::string& op, const mx::array& x, const LayerParams& 
     throw std::invalid_argument(op + "the default device is not the CPU");
   }
 }
-}  // namespace
-
-std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const ArrayList& qkv,
-                                        const ArrayList& qkv_bias, const ArrayList& qk_norms, const ArrayList& freqs,
-                                        const LayerParams& p) {
-  const std::string op = "[cpu_layer_in] ";
+// LayerInCpu's inputs, checked.
+std::vector<mx::array> layer_in_inputs(const std::string& op, const array& x, const array& norm, const ArrayList& qkv,
+                                       const ArrayList& qkv_bias, const ArrayList& qk_norms, const ArrayList& freqs,
+                                       const LayerParams& p) {
   check_params(op, x, p);
   const int h = x.shape(2), d = p.head_dim, per = weight_inputs(p.bits);
   if (p.rope_dims <= 0 || p.rope_dims % 2 != 0 || p.rope_dims > d) {
@@ -348,6 +458,58 @@ std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const
   in.insert(in.end(), qkv_bias.items.begin(), qkv_bias.items.end());
   in.insert(in.end(), qk_norms.items.begin(), qk_norms.items.end());
   in.insert(in.end(), freqs.items.begin(), freqs.items.end());
+  return in;
+}
+
+// Checks that keys and values are float32 [B, Hkv, T, D] of one shape with T >= min_t.
+void check_kv(const std::string& op, const array& x, const array& keys, const array& values, int min_t,
+              const LayerParams& p) {
+  const int b = x.shape(0), d = p.head_dim;
+  for (const auto* kv : {&keys, &values}) {
+    if (kv->dtype() != mx::float32 || kv->ndim() != 4 || kv->shape(0) != b || kv->shape(1) != p.n_kv_heads ||
+        kv->shape(2) < min_t || kv->shape(3) != d || kv->shape() != keys.shape()) {
+      throw std::invalid_argument(op + "keys and values must be float32 [" + std::to_string(b) + ", " +
+                                  std::to_string(p.n_kv_heads) + ", T >= " + std::to_string(min_t) + ", " +
+                                  std::to_string(d) + "], got " + shape_of(keys) + " and " + shape_of(values));
+    }
+  }
+}
+
+// Appends LayerOutCpu's weights (the o weights, its bias, the post-attention norm, the gate,
+// up and down weights) to `in`, checked.
+void append_out_weights(const std::string& op, std::vector<mx::array>& in, const array& x, const ArrayList& o,
+                        const ArrayList& o_bias, const array& norm, const ArrayList& mlp, const LayerParams& p) {
+  const int h = x.shape(2), d = p.head_dim, per = weight_inputs(p.bits);
+  if (static_cast<int>(o.items.size()) != per || static_cast<int>(mlp.items.size()) != 3 * per) {
+    throw std::invalid_argument(op + "needs the o weights and the gate, up and down weights");
+  }
+  if (p.has_o_bias != !o_bias.items.empty() || o_bias.items.size() > 1) {
+    throw std::invalid_argument(op + "has_o_bias needs exactly the o bias");
+  }
+  check_vector(op, "norm", norm, h);
+  const size_t o_at = in.size();
+  in.insert(in.end(), o.items.begin(), o.items.end());
+  in.insert(in.end(), o_bias.items.begin(), o_bias.items.end());
+  in.push_back(norm);
+  in.insert(in.end(), mlp.items.begin(), mlp.items.end());
+  if (check_weight(op, "o_proj", in, o_at, p.n_heads * d, p) != h) {
+    throw std::invalid_argument(op + "o_proj must have " + std::to_string(h) + " rows");
+  }
+  if (p.has_o_bias) check_vector(op, "o_proj bias", o_bias.items[0], h);
+  const size_t mlp_at = o_at + per + o_bias.items.size() + 1;
+  const int inter = check_weight(op, "gate_proj", in, mlp_at, h, p);
+  if (check_weight(op, "up_proj", in, mlp_at + per, h, p) != inter ||
+      check_weight(op, "down_proj", in, mlp_at + 2 * per, inter, p) != h) {
+    throw std::invalid_argument(op + "gate_proj, up_proj [I, H] and down_proj [H, I] do not fit H = " +
+                                std::to_string(h));
+  }
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const ArrayList& qkv,
+                                        const ArrayList& qkv_bias, const ArrayList& qk_norms, const ArrayList& freqs,
+                                        const LayerParams& p) {
+  auto in = layer_in_inputs("[cpu_layer_in] ", x, norm, qkv, qkv_bias, qk_norms, freqs, p);
   auto prim = std::make_shared<LayerInCpu>(mx::default_stream(mx::default_device()), p);
   auto shapes = prim->output_shapes(in);
   auto list = std::make_unique<ArrayList>();
@@ -360,45 +522,36 @@ std::unique_ptr<array> cpu_layer_out(const array& x, const array& q, const array
                                      const ArrayList& mlp, const LayerParams& p) {
   const std::string op = "[cpu_layer_out] ";
   check_params(op, x, p);
-  const int b = x.shape(0), l = x.shape(1), h = x.shape(2), d = p.head_dim, per = weight_inputs(p.bits);
-  const mx::Shape qs{b, p.n_heads, l, d};
+  const int b = x.shape(0), l = x.shape(1);
+  const mx::Shape qs{b, p.n_heads, l, p.head_dim};
   if (q.dtype() != mx::float32 || q.shape() != qs) {
     throw std::invalid_argument(op + "q must be float32 " + shape_str(qs) + ", got " + shape_of(q));
   }
-  for (const auto* kv : {&keys, &values}) {
-    if (kv->dtype() != mx::float32 || kv->ndim() != 4 || kv->shape(0) != b || kv->shape(1) != p.n_kv_heads ||
-        kv->shape(2) < l || kv->shape(3) != d || kv->shape() != keys.shape()) {
-      throw std::invalid_argument(op + "keys and values must be float32 [" + std::to_string(b) + ", " +
-                                  std::to_string(p.n_kv_heads) + ", T >= " + std::to_string(l) + ", " +
-                                  std::to_string(d) + "], got " + shape_of(keys) + " and " + shape_of(values));
-    }
-  }
-  if (static_cast<int>(o.items.size()) != per || static_cast<int>(mlp.items.size()) != 3 * per) {
-    throw std::invalid_argument(op + "needs the o weights and the gate, up and down weights");
-  }
-  if (p.has_o_bias != !o_bias.items.empty() || o_bias.items.size() > 1) {
-    throw std::invalid_argument(op + "has_o_bias needs exactly the o bias");
-  }
-  check_vector(op, "norm", norm, h);
+  check_kv(op, x, keys, values, l, p);
   std::vector<mx::array> in{x, q, keys, values};
-  in.insert(in.end(), o.items.begin(), o.items.end());
-  in.insert(in.end(), o_bias.items.begin(), o_bias.items.end());
-  in.push_back(norm);
-  in.insert(in.end(), mlp.items.begin(), mlp.items.end());
-  if (check_weight(op, "o_proj", in, 4, p.n_heads * d, p) != h) {
-    throw std::invalid_argument(op + "o_proj must have " + std::to_string(h) + " rows");
-  }
-  if (p.has_o_bias) check_vector(op, "o_proj bias", o_bias.items[0], h);
-  const size_t mlp_at = 4 + per + o_bias.items.size() + 1;
-  const int inter = check_weight(op, "gate_proj", in, mlp_at, h, p);
-  if (check_weight(op, "up_proj", in, mlp_at + per, h, p) != inter ||
-      check_weight(op, "down_proj", in, mlp_at + 2 * per, inter, p) != h) {
-    throw std::invalid_argument(op + "gate_proj, up_proj [I, H] and down_proj [H, I] do not fit H = " +
-                                std::to_string(h));
-  }
+  append_out_weights(op, in, x, o, o_bias, norm, mlp, p);
   return std::make_unique<mx::array>(x.shape(), mx::float32,
                                      std::make_shared<LayerOutCpu>(mx::default_stream(mx::default_device()), p),
                                      std::move(in));
+}
+
+std::unique_ptr<ArrayList> cpu_layer(const array& x, const array& keys, const array& values, const array& norm,
+                                     const ArrayList& qkv, const ArrayList& qkv_bias, const ArrayList& qk_norms,
+                                     const ArrayList& freqs, const ArrayList& o, const ArrayList& o_bias,
+                                     const array& post_norm, const ArrayList& mlp, const LayerParams& p) {
+  const std::string op = "[cpu_layer] ";
+  auto in = layer_in_inputs(op, x, norm, qkv, qkv_bias, qk_norms, freqs, p);
+  if (p.offset < 0) throw std::invalid_argument(op + "offset must be >= 0, got " + std::to_string(p.offset));
+  check_kv(op, x, keys, values, p.offset + x.shape(1), p);
+  const size_t n_in = in.size();
+  in.push_back(keys);
+  in.push_back(values);
+  append_out_weights(op, in, x, o, o_bias, post_norm, mlp, p);
+  auto prim = std::make_shared<LayerCpu>(mx::default_stream(mx::default_device()), p, n_in);
+  auto shapes = prim->output_shapes(in);
+  auto list = std::make_unique<ArrayList>();
+  list->items = mx::array::make_arrays(std::move(shapes), {mx::float32, mx::float32, mx::float32}, prim, in);
+  return list;
 }
 
 uint64_t cpu_layer_calls() { return g_layer_calls.load(std::memory_order_relaxed); }

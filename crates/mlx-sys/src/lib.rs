@@ -129,7 +129,7 @@ pub mod ffi {
         biases: UniquePtr<MxArray>,
     }
 
-    /// The settings of a fused decoder layer (`cpu_layer_in`, `cpu_layer_out`): the norms'
+    /// The settings of a fused decoder layer (`cpu_layer_in`, `cpu_layer_out`, `cpu_layer`): the norms'
     /// epsilons, the heads, RoPE (`rope_base` used when `rope_has_base`, else the freqs
     /// input), the position of the first row (`offset`), the attention scale, the products'
     /// bits (4, 8; 32 for dense float32 weights), group size, instruction-set cap, precision
@@ -156,6 +156,8 @@ pub mod ffi {
         has_qkv_bias: bool,
         has_qk_norm: bool,
         has_o_bias: bool,
+        /// `cpu_layer` only: write the cache buffers in place (nothing else holds them).
+        in_place: bool,
     }
 
     /// What [`vjp`](crate::vjp) returns: the function's outputs and one gradient per primal.
@@ -398,6 +400,22 @@ pub mod ffi {
             mlp: &ArrayList,
             p: &LayerParams,
         ) -> Result<UniquePtr<MxArray>>;
+        #[allow(clippy::too_many_arguments)]
+        fn cpu_layer(
+            x: &MxArray,
+            keys: &MxArray,
+            values: &MxArray,
+            norm: &MxArray,
+            qkv: &ArrayList,
+            qkv_bias: &ArrayList,
+            qk_norms: &ArrayList,
+            freqs: &ArrayList,
+            o: &ArrayList,
+            o_bias: &ArrayList,
+            post_norm: &MxArray,
+            mlp: &ArrayList,
+            p: &LayerParams,
+        ) -> Result<UniquePtr<ArrayList>>;
         fn cpu_layer_calls() -> u64;
         fn blas_gemv_calls() -> u64;
         fn blas_set_gemv_routing(on: bool) -> bool;

@@ -206,7 +206,7 @@ std::unique_ptr<array> cpu_rope(const array& x, int32_t dims, bool traditional, 
                                 int32_t offset, const ArrayList& freqs, const ArrayList& positions);
 // RMS norm and RoPE calls the primitives have evaluated since the process started.
 uint64_t cpu_fast_calls();
-// --- a llama-style decoder layer in two CPU primitives (src/layer.cc)
+// --- a llama-style decoder layer as CPU primitives (src/layer.cc)
 // rms_norm(x) -> the q, k, v products (+ biases) -> per-head q/k norms -> RoPE: returns
 // q [B, Hq, L, D], k and v [B, Hkv, L, D] for x [B, L, H] float32. `qkv`: the three
 // (w, scales, biases) triples (or three dense float32 w when p.bits is 32); `qkv_bias`: none or
@@ -222,7 +222,16 @@ std::unique_ptr<ArrayList> cpu_layer_in(const array& x, const array& norm, const
 std::unique_ptr<array> cpu_layer_out(const array& x, const array& q, const array& keys, const array& values,
                                      const ArrayList& o, const ArrayList& o_bias, const array& norm,
                                      const ArrayList& mlp, const LayerParams& p);
-// Layer nodes (either kind) evaluated since the process started.
+// Both of the above and the cache write between them as one node: returns y [B, L, H] and the
+// key and value buffers [B, Hkv, C, D] (C >= p.offset + L) with rows p.offset .. p.offset + L
+// replaced by this window's keys and values (the input buffers, written in place, when
+// p.in_place: the caller's promise that nothing else reads them; else copies). The attention
+// reads their first p.offset + L rows.
+std::unique_ptr<ArrayList> cpu_layer(const array& x, const array& keys, const array& values, const array& norm,
+                                     const ArrayList& qkv, const ArrayList& qkv_bias, const ArrayList& qk_norms,
+                                     const ArrayList& freqs, const ArrayList& o, const ArrayList& o_bias,
+                                     const array& post_norm, const ArrayList& mlp, const LayerParams& p);
+// Layer nodes (any kind) evaluated since the process started.
 uint64_t cpu_layer_calls();
 
 // Calls of cblas_sgemm made by libmlx (all shapes) since the process started.

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mlx_core::{Dtype, KernelPolicy, cpu_quant, eval, set_gemv_routing};
+use mlx_core::{Dtype, KernelPolicy, LayerNodes, cpu_quant, eval, set_gemv_routing};
 use models::generate::{ids, prefill};
 use models::tokenizer::{ChatMessage, Tokenizer};
 use models::{GenerateParams, LoadOptions, Sampler, generate, load_model};
@@ -138,10 +138,11 @@ fn set_variant(name: &str) -> KernelPolicy {
         "ours" => KernelPolicy::all_on(),
         "bf16" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Bf16),
         "int8" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Int8),
-        "unfused" => KernelPolicy { layer: false, ..KernelPolicy::all_on() },
+        "unfused" => KernelPolicy { layer: LayerNodes::Ops, ..KernelPolicy::all_on() },
+        "split" => KernelPolicy { layer: LayerNodes::Split, ..KernelPolicy::all_on() },
         "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..KernelPolicy::all_on() },
         "mlx-kernels" => KernelPolicy::mlx(),
-        other => panic!("--variants {other}: expected ours, bf16, int8, unfused, mlx-norm-rope or mlx-kernels"),
+        other => panic!("--variants {other}: expected ours, bf16, int8, unfused, split, mlx-norm-rope or mlx-kernels"),
     }
 }
 
@@ -180,7 +181,7 @@ fn run(dir: &Path, variant: &str, s: &Setup) -> serde_json::Value {
     let long_ids = s
         .long_prompt
         .as_deref()
-        .filter(|_| matches!(variant, "ours" | "unfused" | "bf16" | "int8"))
+        .filter(|_| matches!(variant, "ours" | "unfused" | "split" | "bf16" | "int8"))
         .map(chat)
         .unwrap_or_default();
     let long_runs = if long_ids.is_empty() { Vec::new() } else { timed(&long_ids) };

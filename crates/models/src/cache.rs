@@ -54,6 +54,11 @@ pub trait LayerCache {
     fn snapshot(&self) -> Option<Box<dyn LayerCache>> {
         None
     }
+    /// This cache as a [`KvCache`], for a layer that writes its keys and values itself
+    /// ([`KvCache::write_with`]); `None` (the default) for other kinds.
+    fn as_full(&mut self) -> Option<&mut KvCache> {
+        None
+    }
 }
 
 /// mlx-lm's `KVCache`: a buffer grown in steps of [`KvCache::STEP`] positions; writes go
@@ -64,7 +69,13 @@ pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
+    /// Shared by the copies of this cache ([`LayerCache::snapshot`]) that share its buffers:
+    /// [`KvCache::write_with`] writes in place only while no copy holds them.
+    buffers: std::sync::Arc<()>,
 }
+
+/// The shape `[B, H_kv, L, D]` and dtype of a write's keys or values.
+type Rows = (Vec<i32>, Dtype);
 
 impl KvCache {
     /// Growth step in positions (mlx-lm's `KVCache.step`).
@@ -75,16 +86,66 @@ impl KvCache {
         Self::default()
     }
 
+    /// Appends `l` positions through `write`, for a layer that writes its keys and values
+    /// into the buffers itself (`mlx_core::cpu_layer::layer`): `write(keys, values, offset,
+    /// in_place)` gets the whole buffers `[B, H_kv, C, D]` (`C >= offset + l`, grown as
+    /// [`LayerCache::update_and_fetch`] grows them, for rows shaped `[B, H_kv, l, D]` like
+    /// `key_rows` and `value_rows` with their dtypes) and returns its result and the buffers
+    /// after the write, which the cache keeps. `in_place` is true when no copy of this cache
+    /// ([`LayerCache::snapshot`]) shares the buffers, so `write` may change them in place;
+    /// the cache never hands them out otherwise except as inputs of nodes built before
+    /// (which run first on the stream). `None` (nothing changed) when the buffers hold
+    /// another dtype than the rows'.
+    ///
+    /// # Errors
+    /// Those of `write` (the cache is then unchanged) and of growing the buffers.
+    pub fn write_with<T>(
+        &mut self,
+        key_rows: &[i32],
+        value_rows: &[i32],
+        dtype: Dtype,
+        write: impl FnOnce(&Array, &Array, usize, bool) -> Result<(T, Array, Array)>,
+    ) -> Result<Option<T>> {
+        if self.keys.as_ref().is_some_and(|k| k.dtype() != dtype) {
+            return Ok(None);
+        }
+        let l = key_rows[2] as usize;
+        let prev = self.offset;
+        if self.keys.is_none() || prev + l > self.capacity() {
+            self.grow((key_rows.to_vec(), dtype), (value_rows.to_vec(), dtype), l, prev + l)?;
+        }
+        let (k, v) = (self.keys.take().expect("grown"), self.values.take().expect("grown"));
+        let exclusive = std::sync::Arc::strong_count(&self.buffers) == 1;
+        match write(&k, &v, prev, exclusive) {
+            Ok((out, k, v)) => {
+                self.keys = Some(k);
+                self.values = Some(v);
+                self.offset = prev + l;
+                if !exclusive {
+                    // Written into copies: the buffers are this cache's alone from now on.
+                    self.buffers = std::sync::Arc::default();
+                }
+                Ok(Some(out))
+            }
+            Err(e) => {
+                self.keys = Some(k);
+                self.values = Some(v);
+                Err(e)
+            }
+        }
+    }
+
     fn capacity(&self) -> usize {
         self.keys.as_ref().map_or(0, |k| k.shape()[2] as usize)
     }
 
-    fn grow(&mut self, keys: &Array, values: &Array, needed: usize) -> Result<()> {
-        let (ks, vs) = (keys.shape(), values.shape());
-        let steps = (Self::STEP + ks[2] as usize - 1) / Self::STEP;
+    /// Grows the buffers by whole [`KvCache::STEP`]s covering `rows` new positions of keys
+    /// and values shaped like `keys`, `values` `[B, H_kv, rows, D]` (`shape[2]` unused).
+    fn grow(&mut self, keys: Rows, values: Rows, rows: usize, needed: usize) -> Result<()> {
+        let steps = (Self::STEP + rows - 1) / Self::STEP;
         let extra = (steps * Self::STEP) as i32;
-        let zeros = |s: &[i32], d: Dtype| Array::zeros(&[s[0], s[1], extra, s[3]], d);
-        let (nk, nv) = (zeros(&ks, keys.dtype())?, zeros(&vs, values.dtype())?);
+        let zeros = |(s, d): Rows| Array::zeros(&[s[0], s[1], extra, s[3]], d);
+        let (nk, nv) = (zeros(keys)?, zeros(values)?);
         let off = self.offset as i32;
         let (k, v) = match (self.keys.take(), self.values.take()) {
             (Some(k), Some(v)) => {
@@ -100,6 +161,8 @@ impl KvCache {
         debug_assert!(k.shape()[2] as usize >= needed);
         self.keys = Some(k);
         self.values = Some(v);
+        // New buffers: no copy of this cache holds them.
+        self.buffers = std::sync::Arc::default();
         Ok(())
     }
 }
@@ -113,7 +176,7 @@ impl LayerCache for KvCache {
         let l = keys.shape()[2] as usize;
         let prev = self.offset;
         if self.keys.is_none() || prev + l > self.capacity() {
-            self.grow(keys, values, prev + l)?;
+            self.grow((keys.shape(), keys.dtype()), (values.shape(), values.dtype()), l, prev + l)?;
         }
         let (k, v) = (self.keys.take().expect("grown"), self.values.take().expect("grown"));
         let ks = k.shape();
@@ -144,6 +207,10 @@ impl LayerCache for KvCache {
 
     fn snapshot(&self) -> Option<Box<dyn LayerCache>> {
         Some(Box::new(self.clone()))
+    }
+
+    fn as_full(&mut self) -> Option<&mut KvCache> {
+        Some(self)
     }
 }
 

@@ -13,7 +13,7 @@
 //! with the causal mask aligned to the end, GQA by head grouping).
 use mlx_core::cpu_layer::{self, AttentionIn, AttentionOutMlp, LayerShape};
 use mlx_core::fast::Rope;
-use mlx_core::{Array, Dtype};
+use mlx_core::{Array, Dtype, LayerNodes};
 use serde_json::Value;
 
 use crate::blocks::{Activation, Attention, Mlp};
@@ -429,13 +429,24 @@ impl Transformer {
 }
 
 impl Block {
-    /// `x [B, L, H]` through the layer, appending `L` positions to `cache`: as the two fused
-    /// nodes of [`mlx_core::cpu_layer`] where they apply (same values, fewer nodes), else op
-    /// by op.
+    /// `x [B, L, H]` through the layer, appending `L` positions to `cache`: where the fused
+    /// nodes of [`mlx_core::cpu_layer`] apply (same values, fewer nodes), as one node writing
+    /// a full cache ([`cpu_layer::layer`]) or two around another cache's write, else op by op.
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
         let fused = (x.dtype() == Dtype::Float32 && x.ndim() == 3).then(|| self.fused_weights(rope)).flatten();
         if let Some((w_in, w_out, shape)) = fused {
             let policy = self.attn.kernels();
+            if let Some(full) = cache.as_full().filter(|_| policy.layer == LayerNodes::One) {
+                let xs = x.shape();
+                let rows = [xs[0], shape.n_kv_heads, xs[1], shape.head_dim];
+                let y = full.write_with(&rows, &rows, Dtype::Float32, |keys, values, offset, in_place| {
+                    let offset = offset as i32;
+                    Ok(cpu_layer::layer(x, keys, values, offset, in_place, &w_in, &w_out, &shape, rope, policy)?)
+                })?;
+                if let Some(y) = y {
+                    return Ok(y);
+                }
+            }
             let (q, k, v) = cpu_layer::layer_in(x, &w_in, &shape, rope, cache.offset() as i32, policy)?;
             let (keys, values) = cache.update_and_fetch(&k, &v)?;
             return Ok(cpu_layer::layer_out(x, &q, &keys, &values, &w_out, &shape, policy)?);
