@@ -44,8 +44,9 @@ pub struct Args {
     mlx_lm_long: bool,
     /// mlx-spec's arms (kernel policies of `crates/models/benches/decode.rs`): `ours` (the
     /// defaults), `mlx-kernels` (MLX's own kernels, what the pip wheel gives; slow on large
-    /// quantized models), `unfused` (the defaults with each decoder layer op by op instead of two fused nodes,
-    /// `MLX_SPEC_LAYER=mlx`), `mlx-norm-rope`, `bf16` and `int8` (the opt-in precisions).
+    /// quantized models), `unfused` (the defaults with each decoder layer op by op instead of one fused node,
+    /// `MLX_SPEC_LAYER=mlx`), `split` (two fused nodes around the KV cache's write,
+    /// `MLX_SPEC_LAYER=split`), `mlx-norm-rope`, `bf16` and `int8` (the opt-in precisions).
     #[arg(long, value_delimiter = ',', default_value = "ours,mlx-kernels")]
     variants: Vec<String>,
     /// Skip the mlx-lm arm (it decodes Qwen2.5-Coder-1.5B 4-bit at well under 1 token/s here)

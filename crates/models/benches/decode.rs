@@ -21,7 +21,10 @@
 //! - `mlx-norm-rope` (only when asked for with `--variants`): `ours` with MLX's RMS norm and
 //!   RoPE graphs, to measure what the one-node versions give;
 //! - `bf16`, `int8` (only when asked for): `ours` in an opt-in precision of the quantized
-//!   matmuls (`mlx_core::Precision::{Bf16, Int8}`).
+//!   matmuls (`mlx_core::Precision::{Bf16, Int8}`);
+//! - `unfused`, `split` (only when asked for): `ours` with each llama/qwen decoder layer op
+//!   by op, or as two fused nodes around the KV cache's write instead of one
+//!   (`mlx_core::LayerNodes`).
 //!
 //! `cargo xtask bench-decode` runs this together with mlx-lm on the same directories and
 //! prints the table; alone: `cargo bench -p models --bench decode -- --models dir1:dir2`.
