@@ -32,13 +32,19 @@ use crate::{DraftProvider, DraftSnapshot, DraftSource, Error, Result};
 /// being rated, [`keep_drafting`]'s `later`).
 const BLOCK_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4, continues: false };
 
-/// The cost-aware length policy of a DSpark provider: the target's cost curve and the
-/// acceptance estimates its sources share.
+/// The cost-aware length policy of a DSpark provider: the target's cost curve, the
+/// acceptance estimates its sources share, and the drafter's measured time per block.
 #[derive(Debug)]
 struct BlockPolicy {
     target: CostModel,
     acceptance: Arc<Mutex<AcceptanceModel>>,
+    /// Milliseconds of one block (the drafter's pass and Markov head), averaged over the
+    /// provider's timed blocks; `None` before the first.
+    block_ms: Arc<Mutex<Option<f64>>>,
 }
+
+/// Weight of a new block time in [`BlockPolicy::block_ms`]'s running average.
+const BLOCK_MS_WEIGHT: f64 = 0.2;
 
 /// Holds a loaded [`Drafter`] and opens a [`DSparkSource`] per request.
 pub struct DSparkProvider {
@@ -90,8 +96,16 @@ impl DSparkProvider {
     /// the choice. A slot's rating depends on the drafts before it only (the head reads
     /// `[h_k; W1[d_{k-1}]]`), so the cut is a stopping time: exact under both acceptance
     /// rules; `--confidence-threshold` is the special case of a fixed cut-off.
+    ///
+    /// Before a block is drawn, the round is also weighed as a whole: with `s_i` the
+    /// provider's per-position survival so far and `c` the block's measured time over the
+    /// target's step, no block is drawn (a plain round, the drafter's pass saved) when
+    /// [`crate::policy::choose`] with a cost of `c` for any `k > 0` drafts picks none;
+    /// after [`crate::two_model::PROBE_AFTER_PLAIN_ROUNDS`] such rounds in a row one block
+    /// is drawn whatever the estimate, so the estimates can recover. The choice uses earlier
+    /// rounds only (a stopping time).
     pub fn with_policy(mut self, target: CostModel) -> Self {
-        self.policy = Some(BlockPolicy { target, acceptance: Arc::default() });
+        self.policy = Some(BlockPolicy { target, acceptance: Arc::default(), block_ms: Arc::default() });
         self
     }
 
@@ -112,7 +126,12 @@ impl DraftProvider for DSparkProvider {
     fn open<'a>(&'a self, target: &'a Transformer, sampler: &Sampler) -> Result<Box<dyn DraftSource + 'a>> {
         let mut source = DSparkSource::new(self, target)?.with_sampler(sampler.clone());
         if let Some(p) = &self.policy {
-            source.policy = Some((p.target.curve(target)?, p.acceptance.clone()));
+            source.policy = Some(SourcePolicy {
+                curve: p.target.curve(target)?,
+                acceptance: p.acceptance.clone(),
+                block_ms: p.block_ms.clone(),
+                plain_rounds: 0,
+            });
         }
         Ok(Box::new(source))
     }
@@ -123,7 +142,43 @@ impl DraftProvider for DSparkProvider {
             "policy": "cost-aware",
             "cost_curve": p.target.current()?.describe(),
             "survival": p.acceptance.lock().ok()?.describe(),
+            "block_ms": *p.block_ms.lock().ok()?,
         }))
+    }
+}
+
+/// A source's share of the [`BlockPolicy`]: the target's curve, the provider's estimates and
+/// block time, and the rounds in a row that drew no block.
+struct SourcePolicy {
+    curve: CostCurve,
+    acceptance: Arc<Mutex<AcceptanceModel>>,
+    block_ms: Arc<Mutex<Option<f64>>>,
+    plain_rounds: usize,
+}
+
+impl SourcePolicy {
+    /// Whether a round of up to `n` drafts should draw a block (see
+    /// [`DSparkProvider::with_policy`]); counts the rounds that do not.
+    fn draw_block(&mut self, n: usize) -> bool {
+        let cost = match *self.block_ms.lock().expect("block time lock") {
+            Some(ms) if self.curve.step_ms > 0.0 && self.curve.batch.is_none() => ms / self.curve.step_ms,
+            _ => return true,
+        };
+        let survival = self.acceptance.lock().expect("acceptance lock").survival(BLOCK_KEY, n);
+        let worth = crate::policy::choose(&self.curve, &survival, |k| if k > 0 { cost } else { 0.0 }) > 0;
+        if worth || self.plain_rounds >= crate::two_model::PROBE_AFTER_PLAIN_ROUNDS {
+            self.plain_rounds = 0;
+            true
+        } else {
+            self.plain_rounds += 1;
+            false
+        }
+    }
+
+    /// Adds a block's time to the provider's average.
+    fn time_block(&self, ms: f64) {
+        let mut avg = self.block_ms.lock().expect("block time lock");
+        *avg = Some(avg.map_or(ms, |a| a + BLOCK_MS_WEIGHT * (ms - a)));
     }
 }
 
@@ -141,8 +196,8 @@ pub struct DSparkSource<'a> {
     last_drafts: Vec<u32>,
     /// The Markov-corrected logits `[1, B, V]` of the last block, when sampling.
     last_logits: Option<Array>,
-    /// Under the policy: the target's cost curve and the provider's estimates.
-    policy: Option<(CostCurve, Arc<Mutex<AcceptanceModel>>)>,
+    /// Under the policy: the target's cost curve, the provider's estimates and block time.
+    policy: Option<SourcePolicy>,
     /// Under the policy: the rating of each of `last_drafts`.
     last_ratings: Vec<f64>,
     /// Under the policy in a batch: `a_j` of the whole last block, for the batch's prefix
@@ -216,7 +271,7 @@ impl<'a> DSparkSource<'a> {
     /// next slot [`keep_drafting`] declines, walking the slots in order. In a batch, the
     /// whole block, its prefix estimates kept for the batch's scheduler.
     fn policy_cut(&mut self, ratings: &[f64]) -> usize {
-        let Some((curve, acceptance)) = &self.policy else { return ratings.len() };
+        let Some(SourcePolicy { curve, acceptance, .. }) = &self.policy else { return ratings.len() };
         let acc = acceptance.lock().expect("acceptance lock");
         if curve.batch.is_some() {
             let prefix = ratings
@@ -258,8 +313,8 @@ impl<'a> DSparkSource<'a> {
 
 impl DraftSource for DSparkSource<'_> {
     fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
-        if let Some((curve, _)) = &mut self.policy {
-            curve.batch = batch;
+        if let Some(p) = &mut self.policy {
+            p.curve.batch = batch;
         }
     }
 
@@ -304,12 +359,16 @@ impl DraftSource for DSparkSource<'_> {
         self.last_ratings.clear();
         self.last_prefix = None;
         self.last_logits = None;
-        if n == 0 {
+        if n == 0 || self.policy.as_mut().is_some_and(|p| !p.draw_block(n)) {
             return Ok(Vec::new());
         }
         let what = || format!("drafter `{}` block for anchor {anchor} at position {start}", self.name);
+        let started = std::time::Instant::now();
         let p = self.drafter.propose_sampled(&mut self.ctx, anchor, self.confidence_threshold, &self.sampler, step);
         let p = p.context(what)?;
+        if let Some(policy) = &self.policy {
+            policy.time_block(started.elapsed().as_secs_f64() * 1e3);
+        }
         let mut drafts = p.drafts;
         drafts.truncate(n);
         if self.policy.is_some() {
@@ -329,7 +388,7 @@ impl DraftSource for DSparkSource<'_> {
 
     fn prefix_acceptance(&self) -> Option<(Vec<f64>, CostCurve)> {
         let prefix = self.last_prefix.clone()?;
-        Some((prefix, self.policy.as_ref()?.0.clone()))
+        Some((prefix, self.policy.as_ref()?.curve.clone()))
     }
 
     fn truncate_drafts(&mut self, k: usize) -> Result<()> {
@@ -408,7 +467,7 @@ impl DraftSource for DSparkSource<'_> {
             return Err(self.contract(format!("commit({drafted}, {accepted}) without the verify window's taps")));
         };
         self.ingest(taps, accepted + 1, "commit")?;
-        if let Some((_, acceptance)) = &self.policy {
+        if let Some(SourcePolicy { acceptance, .. }) = &self.policy {
             let mut acc = acceptance.lock().expect("acceptance lock");
             for (j, &rating) in self.last_ratings.iter().enumerate().take(accepted + 1) {
                 acc.observe(BLOCK_KEY, j, j < accepted);
@@ -418,5 +477,64 @@ impl DraftSource for DSparkSource<'_> {
         self.last_drafts.clear();
         self.last_ratings.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source policy whose blocks were accepted at every position with probability
+    /// `rate` (0, 1/2 or 1), on a 10 ms target step.
+    fn policy(block_ms: Option<f64>, rate: f64) -> SourcePolicy {
+        let mut curve = CostCurve::linear(0.1, 16);
+        curve.step_ms = 10.0;
+        let mut acc = AcceptanceModel::default();
+        for i in 0..400 {
+            for j in 0..7 {
+                let accepted = rate == 1.0 || (rate > 0.0 && (i + j) % 2 == 0);
+                acc.observe(BLOCK_KEY, j, accepted);
+                if !accepted {
+                    break;
+                }
+            }
+        }
+        SourcePolicy {
+            curve,
+            acceptance: Arc::new(Mutex::new(acc)),
+            block_ms: Arc::new(Mutex::new(block_ms)),
+            plain_rounds: 0,
+        }
+    }
+
+    #[test]
+    fn a_block_is_drawn_only_while_it_pays_for_its_drafter_pass() {
+        // Blocks that are always rejected and cost half a target step: no block, except
+        // one probe after PROBE_AFTER_PLAIN_ROUNDS plain rounds.
+        let mut p = policy(Some(5.0), 0.0);
+        let draws: Vec<bool> =
+            (0..2 * crate::two_model::PROBE_AFTER_PLAIN_ROUNDS + 2).map(|_| p.draw_block(7)).collect();
+        let probe = crate::two_model::PROBE_AFTER_PLAIN_ROUNDS;
+        assert!(draws[..probe].iter().all(|d| !d), "{draws:?}");
+        assert!(draws[probe], "a probe after {probe} plain rounds");
+        assert!(!draws[probe + 1]);
+        // Accepted blocks pay for the pass; an untimed drafter, a synthetic curve or a batch
+        // (the batch scheduler decides there) always draw.
+        assert!(policy(Some(5.0), 1.0).draw_block(7));
+        // Half the drafts accepted: worth a cheap block, not one that costs a target step.
+        assert!(policy(Some(0.1), 0.5).draw_block(7));
+        assert!(!policy(Some(10.0), 0.5).draw_block(7));
+        assert!(policy(None, 0.0).draw_block(7));
+        let mut synthetic = policy(Some(5.0), 0.0);
+        synthetic.curve.step_ms = 0.0;
+        assert!(synthetic.draw_block(7));
+        let mut batched = policy(Some(5.0), 0.0);
+        batched.curve.batch = Some(crate::policy::BatchLoad::default());
+        assert!(batched.draw_block(7));
+        // The running average of block times.
+        let p = policy(None, 1.0);
+        p.time_block(10.0);
+        p.time_block(20.0);
+        assert_eq!(*p.block_ms.lock().unwrap(), Some(12.0));
     }
 }
