@@ -8,8 +8,9 @@
 //                  -> rms_norm -> SwiGLU gate/up products -> down product -> h + down
 //   LayerCpu     both halves and the cache write between them as one node: it takes the
 //                cache's whole key and value buffers [B, Hkv, capacity, D], writes the new
-//                rows at positions offset .. offset + L (in place when MLX can donate the
-//                buffers, else into a copy) and returns y and the two buffers.
+//                rows at positions offset .. offset + L (in place when the caller says no
+//                copy of the cache shares them, p.in_place; else into a copy) and returns y
+//                and the two buffers.
 //
 // Why one node: MLX 0.32 queues at most MAX_ACTIVE_TASKS = 10 tasks of DISPATCHES_PER_TASK
 // = 10 dispatches (two per CPU node) ahead of the stream thread, so a step of more than ~50
