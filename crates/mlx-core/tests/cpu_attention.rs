@@ -1,7 +1,8 @@
 //! The fused CPU attention (`mlx_core::cpu_attention`, kernel in mlx-sys `src/attn.cc`)
 //! against MLX's own `fast::scaled_dot_product_attention` over random shapes: batch, query
 //! and KV heads (grouped-query attention), query rows 1 to 70 (decode steps, windows, prompt
-//! chunks: tasks of rows that span heads and KV heads), key lengths, head dims (multiples
+//! chunks: tasks of rows that span heads and KV heads), key lengths (up to 1,170: several key
+//! segments, windows across a segment's edge), head dims (multiples
 //! of 8 take the AVX2 path, others the portable one), the causal mask or none, and strided
 //! KV-cache views; plus the property speculative decoding relies on: a row of a window equals
 //! the same query computed alone over the keys it sees, bit for bit.
@@ -87,7 +88,9 @@ fn case() -> impl Strategy<Value = Case> {
         1..=3i32,
         1..=4i32,
         prop::sample::select(vec![1, 2, 3, 5, 8, 11, 16, 33, 70]),
-        0..=90i32,
+        // Short caches, and caches of several key segments (512 keys each) whose windows end
+        // on either side of a segment's edge.
+        prop_oneof![0..=90i32, 430..=600i32, 1000..=1100i32],
         prop::sample::select(vec![8, 12, 64, 128]),
         any::<bool>(),
         any::<bool>(),
@@ -126,9 +129,9 @@ proptest! {
 #[test]
 fn decode_shapes_match_mlx() {
     for (hkv, group, d) in [(3, 3, 64), (2, 6, 128), (1, 4, 256), (2, 2, 20)] {
-        for lq in [1, 11] {
+        for (lq, extra_keys) in [(1, 400), (11, 400), (1, 2166), (11, 2166)] {
             for causal in [false, true] {
-                let c = Case { b: 1, hkv, group, lq, extra_keys: 400, d, dv: d, causal, strided_kv: true, seed: 3 };
+                let c = Case { b: 1, hkv, group, lq, extra_keys, d, dv: d, causal, strided_kv: true, seed: 3 };
                 check(&c).unwrap();
             }
         }

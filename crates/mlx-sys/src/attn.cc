@@ -143,6 +143,17 @@ AVX2_FN_ALWAYS __m256 hsum8x8(const __m256* v) {
 // chunk's rows). A multiple of 8.
 constexpr int kKeyBlock = 64;
 
+// Keys per segment. A row's keys go in segments [0, S), [S, 2S), .. of absolute key index;
+// each segment's softmax is taken over its own keys (its maximum m_s, its sum l_s and its
+// unnormalized weighted values o_s) and the segments are then merged in order (flash
+// decoding): m = max m_s, o = sum o_s exp(m_s - m), l = sum l_s exp(m_s - m), out = o / l.
+// A segment is a task of its own, so a decode step over a long cache keeps every core
+// streaming keys (SmolLM2's 3 KV heads on 2 cores went 2 + 1 before) and each segment's keys
+// and values are read back to back. The segments depend only on the key count, so a window's
+// row still gives a one-token step's bits; with one segment (up to S keys) the merge is
+// exact (exp(0) = 1), the plain softmax's bits. A multiple of kKeyBlock.
+constexpr int kSegmentKeys = 512;
+
 // Asks for the `width` floats of rows [j, j + n) of `view` (batch b, head h) ahead of use:
 // a long prompt's cache streams from memory once per step, and with the hardware prefetcher
 // alone each key block's first loads waited on it (decode after a 1,872-token prompt: 9%
@@ -154,32 +165,33 @@ AVX2_FN_ALWAYS void prefetch_rows(const View4& view, int b, int h, int j, int n,
   }
 }
 
-// The query rows [t0, t1) of KV head `kvh` of batch `b` (see Rows); D and Dv multiples of 8.
-// Each row's result comes from the same float operations as it would alone, in the same order
-// (scores of 8 keys at a time reduced together, the rest one by one; max; exp and sum in
-// chunks of 8; the weighted values summed key by key, the accumulators kept in `acc` between
-// key blocks): the grouping only shares loads. `s` holds each row's scores padded to a
-// multiple of 8 with -inf (whose exp is 0), so every vector op sees whole chunks.
-AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, std::vector<float>& s,
-                       std::vector<float>& qs, std::vector<float>& acc) {
+// Segment [j_begin, j_end) of the query rows [t0, t1) of KV head `kvh` of batch `b` (see
+// Rows); D and Dv multiples of 8. Row r's partial result goes to `part + r * part_stride`:
+// o_s (Dv floats), m_s, l_s (a row with no key in the segment: 0, -inf, 0). Each row's
+// result comes from the same float operations as it would alone, in the same order (scores
+// of 8 keys at a time reduced together, the rest one by one; max; exp and sum in chunks of 8;
+// the weighted values summed key by key, the accumulators kept in `acc` between key blocks):
+// the grouping only shares loads. `s` holds each row's scores padded to a multiple of 8 with
+// -inf (whose exp is 0), so every vector op sees whole chunks.
+AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_begin, int j_end, float* part,
+                       size_t part_stride, std::vector<float>& s, std::vector<float>& qs) {
   const Rows rows{p, kvh, t0, t1};
-  const int stride = (p.lk + 7) / 8 * 8;
+  const int stride = (j_end - j_begin + 7) / 8 * 8;
   s.resize(static_cast<size_t>(rows.count()) * stride);
   qs.resize(static_cast<size_t>(rows.count()) * p.d);
-  acc.resize(static_cast<size_t>(rows.count()) * (p.dv + 8));  // Dv accumulators and 1 / sum
   const __m256 scale = _mm256_set1_ps(p.scale);
   for (int r = 0; r < rows.count(); ++r) {
     const float* qr = p.q.row(b, rows.head(r), rows.query(r));
     for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(&qs[r * p.d + d], _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
   }
-  const int last = rows.keys(rows.count() - 1);  // the most keys any row sees
+  const int last = std::min(j_end, rows.keys(rows.count() - 1));  // the most keys any row sees
   // Scores: one dot product per key (two accumulators over D), 8 keys at a time reduced
   // together (hsum8x8: the same additions as hsum8, so the same bits as one at a time).
-  for (int j0 = 0; j0 < last; j0 += kKeyBlock) {
+  for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
     for (int r = 0; r < rows.count(); ++r) {
-      const int j1 = std::min(j0 + kKeyBlock, rows.keys(r));
+      const int j1 = std::min(j0 + kKeyBlock, std::min(j_end, rows.keys(r)));
       const float* q = &qs[r * p.d];
-      float* sr = &s[static_cast<size_t>(r) * stride];
+      float* sr = &s[static_cast<size_t>(r) * stride] - j_begin;
       int j = j0;
       for (; j + 8 <= j1; j += 8) {
         if (r == 0 && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);
@@ -190,30 +202,37 @@ AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, std
       for (; j < j1; ++j) sr[j] = hsum8(key_dot(q, p.k.row(b, kvh, j), p.d));
     }
   }
-  // Softmax weights, row by row.
+  // Softmax weights of the segment, row by row: m_s, then exp(s - m_s) and l_s.
   for (int r = 0; r < rows.count(); ++r) {
     float* sr = &s[static_cast<size_t>(r) * stride];
-    const int n = rows.keys(r), padded = (n + 7) / 8 * 8;
+    float* o = part + r * part_stride;
+    const int n = std::max(0, std::min(j_end, rows.keys(r)) - j_begin), padded = (n + 7) / 8 * 8;
+    std::fill(o, o + p.dv, 0.f);
+    if (n == 0) {
+      o[p.dv] = -std::numeric_limits<float>::infinity();
+      o[p.dv + 1] = 0.f;
+      continue;
+    }
     for (int j = n; j < padded; ++j) sr[j] = -std::numeric_limits<float>::infinity();
     __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
     for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
-    const __m256 mx = _mm256_set1_ps(hmax8(vmax));
+    const float m = hmax8(vmax);
+    const __m256 mx = _mm256_set1_ps(m);
     __m256 vsum = _mm256_setzero_ps();
     for (int j = 0; j < padded; j += 8) {
       __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
       _mm256_storeu_ps(sr + j, e);
       vsum = _mm256_add_ps(vsum, e);
     }
-    float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
-    std::fill(a, a + p.dv, 0.f);
-    a[p.dv] = 1.f / hsum8(vsum);
+    o[p.dv] = m;
+    o[p.dv + 1] = hsum8(vsum);
   }
   // Weighted values, Dv in chunks of up to 8 vectors kept in registers within a key block.
-  for (int j0 = 0; j0 < last; j0 += kKeyBlock) {
+  for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
     for (int r = 0; r < rows.count(); ++r) {
-      const int j1 = std::min(j0 + kKeyBlock, rows.keys(r));
-      const float* sr = &s[static_cast<size_t>(r) * stride];
-      float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
+      const int j1 = std::min(j0 + kKeyBlock, std::min(j_end, rows.keys(r)));
+      const float* sr = &s[static_cast<size_t>(r) * stride] - j_begin;
+      float* a = part + r * part_stride;
       for (int d0 = 0; d0 < p.dv; d0 += 64) {
         const int chunks = std::min(8, (p.dv - d0) / 8);
         __m256 ac[8];
@@ -234,12 +253,6 @@ AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, std
       }
     }
   }
-  for (int r = 0; r < rows.count(); ++r) {
-    const float* a = &acc[static_cast<size_t>(r) * (p.dv + 8)];
-    const __m256 inv = _mm256_set1_ps(a[p.dv]);
-    float* o = p.out_row(b, rows.head(r), rows.query(r));
-    for (int d = 0; d < p.dv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), inv));
-  }
 }
 
 bool attn_cpu_has_avx2() {
@@ -250,22 +263,62 @@ bool attn_cpu_has_avx2() {
 
 std::atomic<uint64_t> g_attn_calls{0};
 
-// Rows [t0, t1) (see Rows) of KV head bk % Hkv of batch bk / Hkv.
-void run_rows(const AttnProblem& p, int bk, int t0, int t1) {
-  thread_local std::vector<float> s, qs, acc;
-  const int b = bk / p.hkv, kvh = bk % p.hkv;
-#ifdef MLXSYS_X86
-  if (attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0) return rows_avx2(p, b, kvh, t0, t1, s, qs, acc);
-#endif
-  const Rows rows{p, kvh, t0, t1};
-  for (int r = 0; r < rows.count(); ++r) head_portable(p, b, rows.head(r), rows.query(r), rows.query(r) + 1, s, qs);
-}
-
 // Multiply-adds per call below which one thread does all heads.
 constexpr int64_t kAttnParallelMin = 1 << 17;
 // Query rows per task at most: enough to share each K/V block among a GQA group's heads and
 // a prompt chunk's neighbouring rows, few enough to balance the threads.
 constexpr int kRowsPerTaskMax = 24;
+
+// Rows per KV head (see Rows), segments per row (kSegmentKeys) and the floats of a row's
+// partial result per segment (o_s, m_s, l_s).
+struct Split {
+  int per_kv, segments, part;
+  Split(const AttnProblem& p)
+      : per_kv(p.lq * (p.hq / p.hkv)), segments((p.lk + kSegmentKeys - 1) / kSegmentKeys), part(p.dv + 2) {}
+  size_t at(int bk, int t, int seg) const { return ((static_cast<size_t>(bk) * per_kv + t) * segments + seg) * part; }
+};
+
+// Segment `seg` of rows [t0, t1) (see Rows) of KV head bk % Hkv of batch bk / Hkv: partial
+// results into `parts` (Split::at). Only where `segmented`.
+void run_segment(const AttnProblem& p, const Split& sp, float* parts, int bk, int t0, int t1, int seg) {
+#ifdef MLXSYS_X86
+  thread_local std::vector<float> s, qs;
+  const int j_begin = seg * kSegmentKeys, j_end = std::min(p.lk, j_begin + kSegmentKeys);
+  rows_avx2(p, bk / p.hkv, bk % p.hkv, t0, t1, j_begin, j_end, parts + sp.at(bk, t0, seg), sp.at(0, 1, 0), s, qs);
+#else
+  (void)p, (void)sp, (void)parts, (void)bk, (void)t0, (void)t1, (void)seg;
+#endif
+}
+
+// Merges row t of KV head bk's segments in order into its output row (see kSegmentKeys).
+// Segment 0 always has keys; a later one without any of the row's keys (l_s = 0) is skipped.
+void merge_segments(const AttnProblem& p, const Split& sp, const float* parts, int bk, int t) {
+  const Rows rows{p, bk % p.hkv, t, t + 1};
+  float m = parts[sp.at(bk, t, 0) + p.dv];
+  for (int seg = 1; seg < sp.segments; ++seg) m = std::max(m, parts[sp.at(bk, t, seg) + p.dv]);
+  float* o = p.out_row(bk / p.hkv, rows.head(0), rows.query(0));
+  float l = 0.f;
+  for (int seg = 0; seg < sp.segments; ++seg) {
+    const float* part = parts + sp.at(bk, t, seg);
+    if (seg > 0 && part[p.dv + 1] == 0.f) continue;
+    const float w = std::exp(part[p.dv] - m);  // 1 exactly for the segment holding the maximum
+    for (int d = 0; d < p.dv; ++d) o[d] = seg == 0 ? part[d] * w : o[d] + part[d] * w;
+    l = seg == 0 ? part[p.dv + 1] * w : l + part[p.dv + 1] * w;
+  }
+  const float inv = 1.f / l;
+  for (int d = 0; d < p.dv; ++d) o[d] *= inv;
+}
+
+// Whether the AVX2 kernel (in segments) runs, else the portable one (each row over all its
+// keys at once).
+bool segmented(const AttnProblem& p) {
+#ifdef MLXSYS_X86
+  return attn_cpu_has_avx2() && p.d % 8 == 0 && p.dv % 8 == 0;
+#else
+  (void)p;
+  return false;
+#endif
+}
 
 void compute_attention(const AttnProblem& p) {
   const int heads = p.b * p.hq;
@@ -273,25 +326,45 @@ void compute_attention(const AttnProblem& p) {
     std::fill(p.out, p.out + static_cast<int64_t>(heads) * p.lq * p.dv, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  const int kv_heads = p.b * p.hkv, per_kv = p.lq * (p.hq / p.hkv);  // rows per KV head
-  const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
-  const int threads = Pool::get().threads();
-  if (threads <= 1 || heads * p.lq < 2 || work < kAttnParallelMin) {
-    for (int bk = 0; bk < kv_heads; ++bk) run_rows(p, bk, 0, per_kv);
+  const int kv_heads = p.b * p.hkv;
+  if (!segmented(p)) {
+    thread_local std::vector<float> s, qs;
+    for (int bk = 0; bk < kv_heads; ++bk) {
+      const Rows rows{p, bk % p.hkv, 0, p.lq * (p.hq / p.hkv)};
+      for (int r = 0; r < rows.count(); ++r) {
+        head_portable(p, bk / p.hkv, rows.head(r), rows.query(r), rows.query(r) + 1, s, qs);
+      }
+    }
     return;
   }
-  // Tasks of balanced runs of at most kRowsPerTaskMax rows of one KV head, at least one task
-  // per thread: a KV head's rows stay together where there are enough KV heads, so its keys
-  // and values are read from memory once (a decode step of SmolLM2 over a 2,000-token cache:
-  // 3 tasks of the 3 query heads of a KV head decode about 6% faster, interleaved runs, than
-  // 6 tasks of 2 and 1 rows, which read each KV head twice). A row's result does not depend
-  // on the split.
-  const int chunks = std::max((threads + kv_heads - 1) / kv_heads, (per_kv + kRowsPerTaskMax - 1) / kRowsPerTaskMax);
-  const int per = (per_kv + chunks - 1) / chunks;
-  Pool::get().run(kv_heads * chunks, [&](int t) {
-    const int t0 = (t % chunks) * per;
-    if (t0 < per_kv) run_rows(p, t / chunks, t0, std::min(per_kv, t0 + per));
-  }, Pool::Linger::kShort);
+  const Split sp(p);
+  thread_local std::vector<float> part_buf;  // the calling thread's; tasks get its address
+  part_buf.resize(sp.at(kv_heads, 0, 0));
+  float* parts = part_buf.data();
+  const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
+  const int threads = Pool::get().threads();
+  // Tasks: balanced runs of at most kRowsPerTaskMax rows of one KV head, times the segments. A
+  // KV head's rows stay together where there are enough tasks, so a segment's keys and values
+  // are read from memory once (a decode step of SmolLM2 over a 2,000-token cache: the 3 query
+  // heads of a KV head in one task decoded about 6% faster, interleaved runs, than 2 + 1,
+  // which read each KV head twice). A row's result depends on neither the tasks nor the threads.
+  const int tasks_per_rows = kv_heads * sp.segments;
+  const int chunks = std::max((threads + tasks_per_rows - 1) / tasks_per_rows,
+                              (sp.per_kv + kRowsPerTaskMax - 1) / kRowsPerTaskMax);
+  const int per = (sp.per_kv + chunks - 1) / chunks;
+  auto task = [&](int t) {
+    const int seg = t % sp.segments, rest = t / sp.segments;
+    const int bk = rest / chunks, t0 = (rest % chunks) * per;
+    if (t0 < sp.per_kv) run_segment(p, sp, parts, bk, t0, std::min(sp.per_kv, t0 + per), seg);
+  };
+  const int n_tasks = tasks_per_rows * chunks;
+  if (threads <= 1 || n_tasks < 2 || work < kAttnParallelMin) {
+    for (int t = 0; t < n_tasks; ++t) task(t);
+  } else {
+    Pool::get().run(n_tasks, task, Pool::Linger::kShort);
+  }
+  for (int bk = 0; bk < kv_heads; ++bk)
+    for (int t = 0; t < sp.per_kv; ++t) merge_segments(p, sp, parts, bk, t);
 }
 
 class AttentionCpu : public mx::UnaryPrimitive {
