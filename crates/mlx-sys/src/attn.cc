@@ -17,8 +17,11 @@
 //
 // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv], float32, any strides
 // (KV-cache slices are strided views); output [B, Hq, Lq, Dv] float32, row-contiguous.
-// AVX2 + FMA when the CPU has them and D, Dv are multiples of 8 (runtime check), portable
-// C++ otherwise. Heads are split over the shared pool (pool.h) when the work is large enough.
+// AVX-512F when the CPU has it and D <= 128, D and Dv multiples of 16; else AVX2 + FMA when
+// the CPU has them and D, Dv are multiples of 8 (runtime checks); portable C++ otherwise. The
+// vector paths take the keys in segments (kSegmentKeys), merged in order. Rows and segments
+// are split over the shared pool (pool.h) when the work is large enough. A row's bits depend
+// on the path (the CPU and the head dims), never on the window, the tasks or the threads.
 #include "mlx-sys/src/shim.h"
 #include "mlx-sys/src/kernels.h"
 #include "mlx-sys/src/lib.rs.h"
@@ -165,98 +168,232 @@ AVX2_FN_ALWAYS void prefetch_rows(const View4& view, int b, int h, int j, int n,
   }
 }
 
-// Segment [j_begin, j_end) of the query rows [t0, t1) of KV head `kvh` of batch `b` (see
-// Rows); D and Dv multiples of 8. Row r's partial result goes to `part + r * part_stride`:
-// o_s (Dv floats), m_s, l_s (a row with no key in the segment: 0, -inf, 0). Each row's
-// result comes from the same float operations as it would alone, in the same order (scores
-// of 8 keys at a time reduced together, the rest one by one; max; exp and sum in chunks of 8;
-// the weighted values summed key by key, the accumulators kept in `acc` between key blocks):
-// the grouping only shares loads. `s` holds each row's scores padded to a multiple of 8 with
-// -inf (whose exp is 0), so every vector op sees whole chunks.
-AVX2_FN void rows_avx2(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_begin, int j_end, float* part,
-                       size_t part_stride, std::vector<float>& s, std::vector<float>& qs) {
-  const Rows rows{p, kvh, t0, t1};
-  const int stride = (j_end - j_begin + 7) / 8 * 8;
-  s.resize(static_cast<size_t>(rows.count()) * stride);
-  qs.resize(static_cast<size_t>(rows.count()) * p.d);
-  const __m256 scale = _mm256_set1_ps(p.scale);
-  for (int r = 0; r < rows.count(); ++r) {
-    const float* qr = p.q.row(b, rows.head(r), rows.query(r));
-    for (int d = 0; d < p.d; d += 8) _mm256_storeu_ps(&qs[r * p.d + d], _mm256_mul_ps(_mm256_loadu_ps(qr + d), scale));
+// The AVX2 kernel's two inner loops, over keys [j0, j1) of one query row: its scores into
+// `sr` (indexed by key), and its weighted values into the accumulators `a` (Dv floats). D, Dv
+// multiples of 8. Scores: one dot product per key (two accumulators over D), 8 keys at a
+// time reduced together (hsum8x8: the same additions as hsum8, so the same bits as one at a
+// time), the rest one by one. Values: the products summed key by key, Dv in chunks of up to
+// 8 vectors kept in registers. `lead` (the first row of a task) prefetches the next block's
+// keys or values up to `last`.
+struct Avx2Attn {
+  static constexpr int kScoreStep = 8;
+
+  static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr,
+                             bool lead, int last) {
+    int j = j0;
+    for (; j + 8 <= j1; j += 8) {
+      if (lead && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);
+      __m256 dots[8];
+      _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) dots[u] = key_dot(q, p.k.row(b, kvh, j + u), p.d);
+      _mm256_storeu_ps(sr + j, hsum8x8(dots));
+    }
+    for (; j < j1; ++j) sr[j] = hsum8(key_dot(q, p.k.row(b, kvh, j), p.d));
   }
-  const int last = std::min(j_end, rows.keys(rows.count() - 1));  // the most keys any row sees
-  // Scores: one dot product per key (two accumulators over D), 8 keys at a time reduced
-  // together (hsum8x8: the same additions as hsum8, so the same bits as one at a time).
-  for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
-    for (int r = 0; r < rows.count(); ++r) {
-      const int j1 = std::min(j0 + kKeyBlock, std::min(j_end, rows.keys(r)));
-      const float* q = &qs[r * p.d];
-      float* sr = &s[static_cast<size_t>(r) * stride] - j_begin;
-      int j = j0;
-      for (; j + 8 <= j1; j += 8) {
-        if (r == 0 && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);
-        __m256 dots[8];
-        _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) dots[u] = key_dot(q, p.k.row(b, kvh, j + u), p.d);
-        _mm256_storeu_ps(sr + j, hsum8x8(dots));
+
+  static void values2(const AttnProblem& p, int b, int kvh, const float* sr0, const float* sr1, int j0, int j1_0,
+                      int j1_1, float* a0, float* a1, bool lead, int last) {
+    values(p, b, kvh, sr0, j0, j1_0, a0, lead, last);
+    values(p, b, kvh, sr1, j0, j1_1, a1, false, last);
+  }
+
+  static AVX2_FN void values(const AttnProblem& p, int b, int kvh, const float* sr, int j0, int j1, float* a, bool lead,
+                             int last) {
+    for (int d0 = 0; d0 < p.dv; d0 += 64) {
+      const int chunks = std::min(8, (p.dv - d0) / 8);
+      __m256 ac[8];
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+        if (c < chunks) ac[c] = _mm256_loadu_ps(a + d0 + 8 * c);
       }
-      for (; j < j1; ++j) sr[j] = hsum8(key_dot(q, p.k.row(b, kvh, j), p.d));
+      for (int j = j0; j < j1; ++j) {
+        if (lead && d0 == 0 && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
+        const __m256 pj = _mm256_set1_ps(sr[j]);
+        const float* vr = p.v.row(b, kvh, j) + d0;
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+          if (c < chunks) ac[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), ac[c]);
+        }
+      }
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+        if (c < chunks) _mm256_storeu_ps(a + d0 + 8 * c, ac[c]);
+      }
     }
   }
-  // Softmax weights of the segment, row by row: m_s, then exp(s - m_s) and l_s.
+};
+
+// The same two loops with AVX-512F, for D = Dv = 64 or 128 (Avx512Attn::fits): a query row's
+// D / 16 vectors stay in registers and each key's dot product is one chain of FMAs over them,
+// 16 keys at a time reduced together (hsum16x16); the last keys of a row go in a group of 16
+// padded with zeros (their lanes do not touch the real keys' sums). Values: two rows at a
+// time share each value row's loads and keep twice the FMA chains in flight (one row's D / 16
+// chains wait on the FMA latency); each row still sums its keys in order.
+#define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
+#define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
+
+// [sum(v[0]), .., sum(v[15])], each by one fixed tree: 128-bit quarters 0 + 2 and 1 + 3, their
+// sum, then within the quarter lanes 0 + 2 and 1 + 3, their sum.
+AVX512_FN_ALWAYS __m512 hsum16x16(const __m512* v) {
+  __m512 a[8];  // a[i]: quarters [v2i.0 + v2i.2, v2i.1 + v2i.3, v2i+1.0 + v2i+1.2, v2i+1.1 + v2i+1.3]
+  _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  __m512 q[4];  // quarter l of q[i]: the four partial sums of key 4i + l
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+    q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  }
+  // Within each quarter l: lanes 0 + 2 and 1 + 3 of keys 4i + l, then their sum.
+  const __m512 u01 = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 u23 = _mm512_add_ps(_mm512_shuffle_ps(q[2], q[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(q[2], q[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // Lane 4l + i: the sum of key 4i + l.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// Scores of keys [j0, j1) of one query row, C = D / 16 vectors per row.
+template <int C>
+AVX512_FN void scores512(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr, bool lead,
+                         int last) {
+  __m512 qv[C];
+  _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int j = j0; j < j1; j += 16) {
+    if (lead && j + kKeyBlock + 16 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 16, p.d);
+    const int n = std::min(16, j1 - j);
+    __m512 dots[16];
+    _Pragma("GCC unroll 16") for (int u = 0; u < 16; ++u) {
+      dots[u] = _mm512_setzero_ps();
+      if (u < n) {
+        const float* k = p.k.row(b, kvh, j + u);
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) dots[u] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), dots[u]);
+      }
+    }
+    _mm512_storeu_ps(sr + j, hsum16x16(dots));
+  }
+}
+
+// Weighted values of keys [j0, j1) for R query rows (scores sr[r], accumulators a[r]).
+template <int C, int R>
+AVX512_FN void values512(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1, float* const* a,
+                         bool lead, int last) {
+  __m512 ac[R][C];
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) ac[r][c] = _mm512_loadu_ps(a[r] + 16 * c);
+  for (int j = j0; j < j1; ++j) {
+    if (lead && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
+    const float* vr = p.v.row(b, kvh, j);
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) {
+      const __m512 v = _mm512_loadu_ps(vr + 16 * c);
+      _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) ac[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(sr[r][j]), v, ac[r][c]);
+    }
+  }
+  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) _mm512_storeu_ps(a[r] + 16 * c, ac[r][c]);
+}
+
+struct Avx512Attn {
+  static constexpr int kScoreStep = 16;
+
+  static bool fits(const AttnProblem& p) { return (p.d == 64 || p.d == 128) && p.dv == p.d; }
+
+  static void scores(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr, bool lead,
+                     int last) {
+    (p.d == 64 ? scores512<4> : scores512<8>)(p, b, kvh, q, j0, j1, sr, lead, last);
+  }
+
+  // Rows r0 and r1 (keys [j0, j1_0) and [j0, j1_1)): together over the keys both see, then the
+  // one that sees more alone.
+  static void values2(const AttnProblem& p, int b, int kvh, const float* sr0, const float* sr1, int j0, int j1_0,
+                      int j1_1, float* a0, float* a1, bool lead, int last) {
+    const float* sr[2] = {sr0, sr1};
+    float* a[2] = {a0, a1};
+    const int both = std::min(j1_0, j1_1);
+    (p.d == 64 ? values512<4, 2> : values512<8, 2>)(p, b, kvh, sr, j0, both, a, lead, last);
+    if (both < j1_0) values(p, b, kvh, sr0, both, j1_0, a0, false, last);
+    if (both < j1_1) values(p, b, kvh, sr1, both, j1_1, a1, false, last);
+  }
+
+  static void values(const AttnProblem& p, int b, int kvh, const float* sr, int j0, int j1, float* a, bool lead,
+                     int last) {
+    (p.d == 64 ? values512<4, 1> : values512<8, 1>)(p, b, kvh, &sr, j0, j1, &a, lead, last);
+  }
+};
+
+// Row r's softmax weights over its n keys of a segment, in place in `sr` (padded with -inf to a
+// multiple of 8, whose exp is 0): m_s = max, exp(s - m_s), l_s = their sum (chunks of 8).
+AVX2_FN void segment_softmax(float* sr, int n, float* m_out, float* l_out) {
+  const int padded = (n + 7) / 8 * 8;
+  for (int j = n; j < padded; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
+  const float m = hmax8(vmax);
+  const __m256 mx = _mm256_set1_ps(m);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int j = 0; j < padded; j += 8) {
+    __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
+    _mm256_storeu_ps(sr + j, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  *m_out = m;
+  *l_out = hsum8(vsum);
+}
+
+// Segment [j_begin, j_end) of the query rows [t0, t1) of KV head `kvh` of batch `b` (see
+// Rows), with the inner loops of `Isa` (Avx2Attn, Avx512Attn). Row r's partial result goes to
+// `part + r * part_stride`: o_s (Dv floats), m_s, l_s (a row with no key in the segment: 0,
+// -inf, 0). A key block's keys (then values) stay in L1 while every row of the task uses
+// them; each row's result comes from the same float operations as it would alone, in the
+// same order: the grouping only shares loads. `s` holds each row's scores.
+template <class Isa>
+void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_begin, int j_end, float* part,
+                  size_t part_stride, std::vector<float>& s, std::vector<float>& qs) {
+  const Rows rows{p, kvh, t0, t1};
+  const int stride = (j_end - j_begin + Isa::kScoreStep - 1) / Isa::kScoreStep * Isa::kScoreStep;
+  s.resize(static_cast<size_t>(rows.count()) * stride);
+  qs.resize(static_cast<size_t>(rows.count()) * p.d);
   for (int r = 0; r < rows.count(); ++r) {
-    float* sr = &s[static_cast<size_t>(r) * stride];
+    const float* qr = p.q.row(b, rows.head(r), rows.query(r));
+    for (int d = 0; d < p.d; ++d) qs[r * p.d + d] = qr[d] * p.scale;
+  }
+  const int last = std::min(j_end, rows.keys(rows.count() - 1));  // the most keys any row sees
+  auto row_end = [&](int r) { return std::min(j_end, rows.keys(r)); };
+  auto scores_of = [&](int r) { return &s[static_cast<size_t>(r) * stride] - j_begin; };  // by key index
+  for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
+    for (int r = 0; r < rows.count(); ++r) {
+      const int j1 = std::min(j0 + kKeyBlock, row_end(r));
+      if (j0 < j1) Isa::scores(p, b, kvh, &qs[r * p.d], j0, j1, scores_of(r), r == 0, last);
+    }
+  }
+  for (int r = 0; r < rows.count(); ++r) {
     float* o = part + r * part_stride;
-    const int n = std::max(0, std::min(j_end, rows.keys(r)) - j_begin), padded = (n + 7) / 8 * 8;
     std::fill(o, o + p.dv, 0.f);
+    const int n = std::max(0, row_end(r) - j_begin);
     if (n == 0) {
       o[p.dv] = -std::numeric_limits<float>::infinity();
       o[p.dv + 1] = 0.f;
-      continue;
+    } else {
+      segment_softmax(scores_of(r) + j_begin, n, &o[p.dv], &o[p.dv + 1]);
     }
-    for (int j = n; j < padded; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-    __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sr + j));
-    const float m = hmax8(vmax);
-    const __m256 mx = _mm256_set1_ps(m);
-    __m256 vsum = _mm256_setzero_ps();
-    for (int j = 0; j < padded; j += 8) {
-      __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mx));
-      _mm256_storeu_ps(sr + j, e);
-      vsum = _mm256_add_ps(vsum, e);
-    }
-    o[p.dv] = m;
-    o[p.dv + 1] = hsum8(vsum);
   }
-  // Weighted values, Dv in chunks of up to 8 vectors kept in registers within a key block.
+  // Values two rows at a time (Isa::values2), an odd row alone.
   for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
-    for (int r = 0; r < rows.count(); ++r) {
-      const int j1 = std::min(j0 + kKeyBlock, std::min(j_end, rows.keys(r)));
-      const float* sr = &s[static_cast<size_t>(r) * stride] - j_begin;
-      float* a = part + r * part_stride;
-      for (int d0 = 0; d0 < p.dv; d0 += 64) {
-        const int chunks = std::min(8, (p.dv - d0) / 8);
-        __m256 ac[8];
-        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-          if (c < chunks) ac[c] = _mm256_loadu_ps(a + d0 + 8 * c);
-        }
-        for (int j = j0; j < j1; ++j) {
-          if (r == 0 && d0 == 0 && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
-          const __m256 pj = _mm256_set1_ps(sr[j]);
-          const float* vr = p.v.row(b, kvh, j) + d0;
-          _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-            if (c < chunks) ac[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), ac[c]);
-          }
-        }
-        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-          if (c < chunks) _mm256_storeu_ps(a + d0 + 8 * c, ac[c]);
-        }
-      }
+    auto end = [&](int r) { return std::max(j0, std::min(j0 + kKeyBlock, row_end(r))); };
+    int r = 0;
+    for (; r + 2 <= rows.count(); r += 2) {
+      Isa::values2(p, b, kvh, scores_of(r), scores_of(r + 1), j0, end(r), end(r + 1), part + r * part_stride,
+                   part + (r + 1) * part_stride, r == 0, last);
     }
+    if (r < rows.count()) Isa::values(p, b, kvh, scores_of(r), j0, end(r), part + r * part_stride, r == 0, last);
   }
 }
 
 bool attn_cpu_has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+bool attn_cpu_has_avx512() {
+  static const bool yes = attn_cpu_has_avx2() && __builtin_cpu_supports("avx512f");
   return yes;
 }
 #endif
@@ -266,8 +403,10 @@ std::atomic<uint64_t> g_attn_calls{0};
 // Multiply-adds per call below which one thread does all heads.
 constexpr int64_t kAttnParallelMin = 1 << 17;
 // Query rows per task at most: enough to share each K/V block among a GQA group's heads and
-// a prompt chunk's neighbouring rows, few enough to balance the threads.
-constexpr int kRowsPerTaskMax = 24;
+// a window's or prompt chunk's neighbouring rows (SmolLM2's 11-token window over a long cache:
+// its 33 rows of a KV head in one task read the keys and values once), few enough to balance
+// the threads.
+constexpr int kRowsPerTaskMax = 48;
 
 // Rows per KV head (see Rows), segments per row (kSegmentKeys) and the floats of a row's
 // partial result per segment (o_s, m_s, l_s).
@@ -284,7 +423,8 @@ void run_segment(const AttnProblem& p, const Split& sp, float* parts, int bk, in
 #ifdef MLXSYS_X86
   thread_local std::vector<float> s, qs;
   const int j_begin = seg * kSegmentKeys, j_end = std::min(p.lk, j_begin + kSegmentKeys);
-  rows_avx2(p, bk / p.hkv, bk % p.hkv, t0, t1, j_begin, j_end, parts + sp.at(bk, t0, seg), sp.at(0, 1, 0), s, qs);
+  const auto rows = attn_cpu_has_avx512() && Avx512Attn::fits(p) ? rows_segment<Avx512Attn> : rows_segment<Avx2Attn>;
+  rows(p, bk / p.hkv, bk % p.hkv, t0, t1, j_begin, j_end, parts + sp.at(bk, t0, seg), sp.at(0, 1, 0), s, qs);
 #else
   (void)p, (void)sp, (void)parts, (void)bk, (void)t0, (void)t1, (void)seg;
 #endif
@@ -343,13 +483,14 @@ void compute_attention(const AttnProblem& p) {
   float* parts = part_buf.data();
   const int64_t work = static_cast<int64_t>(heads) * p.lq * p.lk * (p.d + p.dv);
   const int threads = Pool::get().threads();
-  // Tasks: balanced runs of at most kRowsPerTaskMax rows of one KV head, times the segments. A
-  // KV head's rows stay together where there are enough tasks, so a segment's keys and values
+  // Tasks: balanced runs of at most kRowsPerTaskMax rows of one KV head, times the segments,
+  // at least two tasks per thread (three KV heads on two threads would go 2 + 1). A KV head's
+  // rows stay together where there are enough tasks, so a segment's keys and values
   // are read from memory once (a decode step of SmolLM2 over a 2,000-token cache: the 3 query
   // heads of a KV head in one task decoded about 6% faster, interleaved runs, than 2 + 1,
   // which read each KV head twice). A row's result depends on neither the tasks nor the threads.
   const int tasks_per_rows = kv_heads * sp.segments;
-  const int chunks = std::max((threads + tasks_per_rows - 1) / tasks_per_rows,
+  const int chunks = std::max((2 * threads + tasks_per_rows - 1) / tasks_per_rows,
                               (sp.per_kv + kRowsPerTaskMax - 1) / kRowsPerTaskMax);
   const int per = (sp.per_kv + chunks - 1) / chunks;
   auto task = [&](int t) {
