@@ -96,13 +96,16 @@ struct Problem {
   const float* b_row(int n) const { return b + static_cast<size_t>(n) * groups(); }
 };
 
-// Software prefetch distance of the one-row products' weight streams. A decode step reads
+// Software prefetch distance of the register kernels' weight streams. A decode step reads
 // every weight from memory (a model's weights do not fit in the caches), and the hardware
 // prefetcher alone left a one-token product of Qwen2.5-1.5B's 117 MB LM head at 16 GB/s;
 // asking for the line 4 KB ahead of the one being decoded brings it to 35-38 GB/s (2.2x,
 // `qmm_profile 1 151936x1536x4g64`; Qwen2.5-1.5B 4-bit decodes 1.6x faster, SmolLM2 1.2x).
-// Windows (more rows, more work per weight) do not prefetch: it slowed SmolLM2's 11-row
-// windows by 10-20% (`window_profile`, interleaved builds).
+// Windows prefetch too: on the AMD Zen 4 machine it slowed SmolLM2's 11-row windows by
+// 10-20%, but on the Intel Xeon of 2026-12-05 a window without it waited on memory
+// (`window_profile`, alternating runs, f32: SmolLM2 t(2) 16.6 -> 12.0 ms at t(1) 10.7,
+// t(11) 39.4 -> 34.6; Qwen2.5-1.5B t(2) 137 -> 77 ms at t(1) 57, t(11) 282 -> 267; bf16 and
+// int8 alike); the tiled paths (AVX2 windows, dense weights) do not.
 constexpr int kPrefetchBytes = 4096;
 #ifdef MLXSYS_X86
 __attribute__((always_inline)) inline void prefetch_ahead(const uint32_t* at) {
@@ -474,7 +477,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, 
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-        if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
+        prefetch_ahead(wr + r * words + c * BITS / 2);
         __m512 w0, w1;
         dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
         _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
@@ -778,7 +781,7 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_e
       _Pragma("GCC unroll 4") for (int j = 0; j < kPairsPerGroup; ++j) {
         const int c = 2 * (g * kPairsPerGroup + j), u = (gg * kPairsPerGroup + j) % 2;
         _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-          if constexpr (M == 1) prefetch_ahead(wr + r * words + c * BITS / 2);
+          prefetch_ahead(wr + r * words + c * BITS / 2);
           __m512 w0, w1;
           dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
           const __m512bh wb = _mm512_cvtne2ps_pbh(w1, w0);
@@ -1037,7 +1040,7 @@ INT8_FN_ALWAYS void int8_chunk(const Problem& p, int n, int c, __m512 (&acc)[R][
   const size_t k64 = static_cast<size_t>(p.k64());
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
     const uint32_t* wr = p.w_row(n + r);
-    if constexpr (M == 1) prefetch_ahead(wr + c * 2 * BITS);
+    prefetch_ahead(wr + c * 2 * BITS);
     const __m512i w = codes64<BITS>(wr, c, half);
     const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
