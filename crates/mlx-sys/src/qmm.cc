@@ -55,6 +55,10 @@ namespace {
 
 constexpr int kDense = kernels::kDenseBits;
 
+// Products of more activation rows than this (prompt chunks) do not prefetch (kPrefetchBytes);
+// verify windows do.
+constexpr int kPrefetchMaxRows = 16;
+
 struct Problem {
   const float* x;
   const uint32_t* w;
@@ -62,6 +66,10 @@ struct Problem {
   const float* b;
   float* out;
   int m, n, k, gs, bits;
+  // Whether the register kernels prefetch the weight rows (see kPrefetchBytes): the whole
+  // product's rows (not a register group's) are at most kPrefetchMaxRows.
+  bool prefetch() const { return total_m <= kPrefetchMaxRows; }
+  int total_m = 0;  // set with m; `rows` keeps it
   // bf16 precision only: x rounded to bf16, each 32-block in the lane order of the weights'
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
@@ -105,7 +113,8 @@ struct Problem {
 // 10-20%, but on the Intel Xeon of 2026-12-05 a window without it waited on memory
 // (`window_profile`, alternating runs, f32: SmolLM2 t(2) 16.6 -> 12.0 ms at t(1) 10.7,
 // t(11) 39.4 -> 34.6; Qwen2.5-1.5B t(2) 137 -> 77 ms at t(1) 57, t(11) 282 -> 267; bf16 and
-// int8 alike); the tiled paths (AVX2 windows, dense weights) do not.
+// int8 alike); the tiled paths (AVX2 windows, dense weights) do not, nor do prompt chunks
+// (products of more than kPrefetchMaxRows rows: no gain at 32 rows, `qmm_profile 32`).
 constexpr int kPrefetchBytes = 4096;
 #ifdef MLXSYS_X86
 __attribute__((always_inline)) inline void prefetch_ahead(const uint32_t* at) {
@@ -477,7 +486,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, 
     const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
     for (int c = c0; c < c0 + chunks_per_group; c += 2) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-        prefetch_ahead(wr + r * words + c * BITS / 2);
+        if (p.prefetch()) prefetch_ahead(wr + r * words + c * BITS / 2);
         __m512 w0, w1;
         dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
         _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
@@ -781,7 +790,7 @@ BF16_FN_ALWAYS void rows_bf16_regs(const Problem& p, int n, int g_begin, int g_e
       _Pragma("GCC unroll 4") for (int j = 0; j < kPairsPerGroup; ++j) {
         const int c = 2 * (g * kPairsPerGroup + j), u = (gg * kPairsPerGroup + j) % 2;
         _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-          prefetch_ahead(wr + r * words + c * BITS / 2);
+          if (p.prefetch()) prefetch_ahead(wr + r * words + c * BITS / 2);
           __m512 w0, w1;
           dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
           const __m512bh wb = _mm512_cvtne2ps_pbh(w1, w0);
@@ -1040,7 +1049,7 @@ INT8_FN_ALWAYS void int8_chunk(const Problem& p, int n, int c, __m512 (&acc)[R][
   const size_t k64 = static_cast<size_t>(p.k64());
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
     const uint32_t* wr = p.w_row(n + r);
-    prefetch_ahead(wr + c * 2 * BITS);
+    if (p.prefetch()) prefetch_ahead(wr + c * 2 * BITS);
     const __m512i w = codes64<BITS>(wr, c, half);
     const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
@@ -1301,6 +1310,7 @@ void kernels::products(const float* x, int m, int k, const std::vector<Matrix>& 
       out = outs[j];
     }
     ps.push_back(Problem{x, mats[j].w, mats[j].s, mats[j].b, out, m, mats[j].n, k, gs, bits});
+    ps.back().total_m = m;
   }
   compute(ps, swiglu ? Combine::kSwiglu : Combine::kNone, swiglu ? outs[0] : nullptr, isa(max_isa), precision,
           threads);
