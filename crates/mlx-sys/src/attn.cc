@@ -17,7 +17,7 @@
 //
 // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv], float32, any strides
 // (KV-cache slices are strided views); output [B, Hq, Lq, Dv] float32, row-contiguous.
-// AVX-512F when the CPU has it and D <= 128, D and Dv multiples of 16; else AVX2 + FMA when
+// AVX-512F when the CPU has it and D = Dv = 64 or 128; else AVX2 + FMA when
 // the CPU has them and D, Dv are multiples of 8 (runtime checks); portable C++ otherwise. The
 // vector paths take the keys in segments (kSegmentKeys), merged in order. Rows and segments
 // are split over the shared pool (pool.h) when the work is large enough. A row's bits depend
