@@ -102,6 +102,23 @@ void head_portable(const AttnProblem& p, int b, int h, int i0, int i1, std::vect
   }
 }
 
+// Keys per block: the K (or V) rows of a block (16 KB at D = 64) stay in L1 while every query
+// row of a task uses them, so a KV head's cache is read from memory once per task instead of
+// once per query row (a decode step's query heads of one GQA group; a window's or a prompt
+// chunk's rows). A multiple of 8.
+constexpr int kKeyBlock = 64;
+
+// Keys per segment. A row's keys go in segments [0, S), [S, 2S), .. of absolute key index;
+// each segment's softmax is taken over its own keys (its maximum m_s, its sum l_s and its
+// unnormalized weighted values o_s) and the segments are then merged in order (flash
+// decoding): m = max m_s, o = sum o_s exp(m_s - m), l = sum l_s exp(m_s - m), out = o / l.
+// A segment is a task of its own, so a decode step over a long cache keeps every core
+// streaming keys (SmolLM2's 3 KV heads on 2 cores went 2 + 1 before) and each segment's keys
+// and values are read back to back. The segments depend only on the key count, so a window's
+// row still gives a one-token step's bits; with one segment (up to S keys) the merge is
+// exact (exp(0) = 1), the plain softmax's bits. A multiple of kKeyBlock.
+constexpr int kSegmentKeys = 512;
+
 #ifdef MLXSYS_X86
 using simd::exp_nonpositive;
 using simd::hmax8;
@@ -140,22 +157,6 @@ AVX2_FN_ALWAYS __m256 hsum8x8(const __m256* v) {
   return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// Keys per block: the K (or V) rows of a block (16 KB at D = 64) stay in L1 while every query
-// row of a task uses them, so a KV head's cache is read from memory once per task instead of
-// once per query row (a decode step's query heads of one GQA group; a window's or a prompt
-// chunk's rows). A multiple of 8.
-constexpr int kKeyBlock = 64;
-
-// Keys per segment. A row's keys go in segments [0, S), [S, 2S), .. of absolute key index;
-// each segment's softmax is taken over its own keys (its maximum m_s, its sum l_s and its
-// unnormalized weighted values o_s) and the segments are then merged in order (flash
-// decoding): m = max m_s, o = sum o_s exp(m_s - m), l = sum l_s exp(m_s - m), out = o / l.
-// A segment is a task of its own, so a decode step over a long cache keeps every core
-// streaming keys (SmolLM2's 3 KV heads on 2 cores went 2 + 1 before) and each segment's keys
-// and values are read back to back. The segments depend only on the key count, so a window's
-// row still gives a one-token step's bits; with one segment (up to S keys) the merge is
-// exact (exp(0) = 1), the plain softmax's bits. A multiple of kKeyBlock.
-constexpr int kSegmentKeys = 512;
 
 // Asks for the `width` floats of rows [j, j + n) of `view` (batch b, head h) ahead of use:
 // a long prompt's cache streams from memory once per step, and with the hardware prefetcher
