@@ -5,7 +5,8 @@
 //! The kernel is an MLX custom primitive written in C++ (`crates/mlx-sys/src/qmm.cc`): a
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T` tokens
-//! costs a fraction of `T` one-token steps; a prompt chunk goes in blocks of at most 32
+//! costs a fraction of `T` one-token steps; a prompt chunk of more than
+//! [`WINDOW_MAX_ROWS`] rows goes to a GEMM on AVX-512, shorter inputs in blocks of at most 32
 //! rows whose activations stay in cache, each such a window), uses AVX-512F or AVX2 + FMA
 //! when the CPU has them (checked at run time; a portable path otherwise; the caller's
 //! [`KernelPolicy`] caps the choice, see [`KernelPolicy::isa`]) and splits the output
@@ -164,6 +165,15 @@ pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array, policy: &KernelPolicy
         .map_err(|e| crate::Error::mlx("cpu_dense_swiglu", e))?;
     wrap("cpu_dense_swiglu", ffi::list_get(&l, 0))
 }
+
+/// Activation rows up to which a quantized product computes every row with the float
+/// operations of its one-row product (verify windows, batched decode steps, short prompts:
+/// bit for bit the logits of one-token steps). Longer inputs (prompt chunks) take a GEMM in
+/// f32 precision on AVX-512 (`rows_gemm` in `qmm.cc`: ~1.6x the multiply-adds a second at 512
+/// rows) whose rows round differently in the last bits, and equal each other for any longer
+/// row count. Callers that need one-token bits (batched forwards) keep products at most this
+/// long; the value is `kWindowMaxRows` of `qmm.cc`, pinned by `mlx-core/tests/cpu_quant.rs`.
+pub const WINDOW_MAX_ROWS: usize = 256;
 
 /// Activation rows up to which dense products go to this kernel ([`dense_applies`]); longer
 /// inputs (prompt prefill) stay with BLAS `sgemm`, faster there.

@@ -316,3 +316,65 @@ fn long_rows_in_blocks_keep_their_bits() {
         }
     }
 }
+
+/// Prompt chunks of more than `WINDOW_MAX_ROWS` rows (the GEMM on AVX-512 in f32 precision,
+/// the windows' blocks elsewhere) against MLX and the f64 reference, over features that fill
+/// no whole panel of 32 (and fewer than 16), K over several of the GEMM's 256-column blocks
+/// and not a multiple of them, bits 4 and 8, every group size, one and all threads.
+#[test]
+fn prompt_chunks_match_mlx() {
+    let max = cpu_quant::WINDOW_MAX_ROWS as i32;
+    for threads in [1, 2] {
+        let policy = KernelPolicy::all_on().with_threads(threads);
+        let strategy = (
+            prop_oneof![Just(4), Just(8)],
+            prop_oneof![Just(32), Just(64), Just(128)],
+            prop_oneof![1..16i32, 16..80i32],
+            1..14i32,
+            max + 1..=max + 60,
+            any::<u64>(),
+        )
+            .prop_map(|(bits, gs, n, groups, t, seed)| Case {
+                bits,
+                gs,
+                n,
+                groups,
+                batch: vec![1, t],
+                transposed_x: false,
+                seed,
+            });
+        let mut runner =
+            proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: 12, ..Default::default() });
+        let result = runner.run(&strategy, |c| check(&c, &policy));
+        result.unwrap_or_else(|e| panic!("threads {threads} (isa {}): {e}", policy.isa()));
+    }
+}
+
+/// The switch from windows to prompt chunks sits exactly at `WINDOW_MAX_ROWS` (the constant
+/// mirrors `kWindowMaxRows` of qmm.cc): a product of that many rows gives each row its one-row
+/// bits, one more row takes the GEMM (on AVX-512: other bits somewhere in a 1536 x 1536
+/// product), and a chunk's row has the same bits in any longer chunk.
+#[test]
+fn rows_switch_to_the_prompt_gemm_past_the_window_limit() {
+    let p = &KernelPolicy::all_on();
+    let max = cpu_quant::WINDOW_MAX_ROWS as i32;
+    let (n, k) = (1536, 1536);
+    let spec = QuantSpec::new(64, 4).unwrap();
+    let (mats, x) = mats_and_x(spec, &[n], k, max + 40, 5);
+    let q = &mats[0];
+    let product = |rows: i32| {
+        let xr = x.slice_axis(0, 0, rows).unwrap();
+        bits_of(&quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec, p).unwrap())
+    };
+    let one = bits_of(
+        &quantized_matmul_t(&x.slice_axis(0, 0, 1).unwrap(), &q.weight, &q.scales, &q.biases, spec, p).unwrap(),
+    );
+    let (window, chunk, longer) = (product(max), product(max + 1), product(max + 40));
+    assert_eq!(&window[..n as usize], &one[..], "a {max}-row product's first row differs from its one-row product");
+    assert_eq!(&chunk[..], &longer[..chunk.len()], "a chunk's rows depend on the chunk's length");
+    if p.isa() == "avx512f" && p.precision == mlx_core::Precision::F32 {
+        assert_ne!(&chunk[..n as usize], &one[..], "a {}-row product did not take the prompt GEMM", max + 1);
+    } else {
+        assert_eq!(&chunk[..n as usize], &one[..], "{}: rows must keep one-row bits", p.isa());
+    }
+}

@@ -45,7 +45,8 @@ struct Matrix {
 // `swiglu` (two matrices, gate and up) outs[0] [M, N] = silu(x @ gate^T) * (x @ up^T).
 // `max_isa` caps the instruction set (0 portable, 1 AVX2 + FMA, 2 AVX-512F), `precision` is
 // 0 f32, 1 bf16, 2 int8, `threads` > 0 overrides the pool's count. A row's result does not
-// depend on M.
+// depend on M, except that in f32 precision on AVX-512 products of more than 256 rows
+// (kWindowMaxRows: prompt chunks) take a GEMM with another summation order (qmm.cc).
 void products(const float* x, int m, int k, const std::vector<Matrix>& mats, const std::vector<float*>& outs,
               bool swiglu, int gs, int bits, int max_isa, int precision, int threads);
 

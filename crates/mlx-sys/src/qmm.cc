@@ -59,6 +59,11 @@ constexpr int kDense = kernels::kDenseBits;
 // verify windows do.
 constexpr int kPrefetchMaxRows = 16;
 
+// Products of at most this many activation rows (verify windows, batched decode steps, short
+// prompts) give every row the bits of its one-row product; longer ones (prompt chunks) take
+// the GEMM (rows_gemm) on AVX-512 in f32 precision. mlx-core's `cpu_quant::WINDOW_MAX_ROWS`.
+constexpr int kWindowMaxRows = 256;
+
 struct Problem {
   const float* x;
   const uint32_t* w;
@@ -80,6 +85,8 @@ struct Problem {
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
+  // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
+  const float* xg = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
@@ -612,6 +619,180 @@ void rows_avx512(const Problem& p, int n0, int n1) {
   rows_tiled<Avx512DenseTiles>(p, n0, n1);
 }
 
+// ---------------------------------------------------------------------------------------
+// Prompt chunks (f32 precision, AVX-512F, more than kWindowMaxRows activation rows): a GEMM.
+// The register kernels above decode every weight once per register group of at most 8 rows
+// and load one activation vector per FMA, so they stay at about a third of the cores' FMA
+// rate whatever the number of rows (`qmm_profile 512`: ~85 G multiply-adds a second on two
+// cores, where two AVX-512 FMA units a core reach ~240). Here a weight is dequantized once
+// per call into a panel of kGemmCols output features over kGemmDepth columns of K (transposed:
+// 32 features of one k side by side), and a micro-kernel keeps a tile of kGemmRows activation
+// rows x 32 features in 24 registers: per k two panel loads and 12 broadcasts feed 24 FMAs
+// (the BLIS structure, with the activation rows as the broadcast side and the output in its
+// natural [M, N] layout). Per output element: a sequential FMA chain over each kGemmDepth
+// block of k, the blocks' sums added in order. That is another summation order than the
+// register kernels', so a prompt chunk's row differs from the same row in a window in the last
+// bits; rows of chunks equal each other for any M > kWindowMaxRows (the chain depends only
+// on K). Callers that need a row to have one-token bits keep their products at most
+// kWindowMaxRows rows (models' batched forward: `mlx_core::cpu_quant::WINDOW_MAX_ROWS`).
+constexpr int kGemmRows = 12;
+constexpr int kGemmCols = 32;
+constexpr int kGemmDepth = 256;  // a multiple of every group size and of 32
+
+// out[i, 0..32) (+)= x_i . panel over `depth` columns for the first `MR` rows of a packed tile
+// of x (gemm_pack_x); `first` stores, else adds to what a previous block left; the
+// masks keep the features of a panel that holds fewer than 32.
+template <int MR>
+AVX512_FN void gemm_tile(const float* x, const float* panel, int depth, float* out, size_t os,
+                         bool first, __mmask16 mask0, __mmask16 mask1) {
+  __m512 acc[MR][2];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int k = 0; k < depth; ++k) {
+    const __m512 w0 = _mm512_load_ps(panel + kGemmCols * k), w1 = _mm512_load_ps(panel + kGemmCols * k + 16);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_set1_ps(x[kGemmRows * k + i]);
+      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+    float* o = out + i * os;
+    if (!first) {
+      acc[i][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask0, o), acc[i][0]);
+      acc[i][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask1, o + 16), acc[i][1]);
+    }
+    _mm512_mask_storeu_ps(o, mask0, acc[i][0]);
+    _mm512_mask_storeu_ps(o + 16, mask1, acc[i][1]);
+  }
+}
+
+// r[j] (16 rows of 16) -> r[c] = column c: unpack pairs of rows, then pairs of pairs, then
+// 128-bit blocks (r[4i + e] holds in block b rows 4i..4i+3 of column 4b + e before the last step).
+AVX512_FN_ALWAYS void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  _Pragma("GCC unroll 4") for (int e = 0; e < 4; ++e) {
+    const __m512 a = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+    const __m512 c = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+    t[e] = _mm512_shuffle_f32x4(a, c, 0x88);
+    t[8 + e] = _mm512_shuffle_f32x4(a, c, 0xDD);
+    t[4 + e] = _mm512_shuffle_f32x4(b, d, 0x88);
+    t[12 + e] = _mm512_shuffle_f32x4(b, d, 0xDD);
+  }
+  _Pragma("GCC unroll 16") for (int c = 0; c < 16; ++c) r[c] = t[c];
+}
+
+// panel[k, j] = weight (nb + j, k0 + k) for j < cols (in x's lane order: 4 bits' chunk pairs
+// as `permute_x4` orders x), 0 for the features past `cols`: 16 rows at a time dequantized
+// into `rows` (scratch of 16 * depth floats), then transposed 16 x 16.
+template <int BITS>
+AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, float* panel, float* rows) {
+  const int chunks_per_group = p.gs / 16;
+  for (int h = 0; h < kGemmCols; h += 16) {
+    for (int j = 0; j < 16; ++j) {
+      float* row = rows + static_cast<size_t>(j) * depth;
+      if (h + j >= cols) {
+        std::memset(row, 0, sizeof(float) * depth);
+        continue;
+      }
+      const int n = nb + h + j;
+      for (int c = k0 / 16; c < (k0 + depth) / 16; c += 2) {
+        __m512 sc[1], bi[1], w0, w1;
+        group_params<BITS, 1>(p, n, c / chunks_per_group, sc, bi);
+        dequant_pair<BITS>(p.w_row(n), c, sc[0], bi[0], w0, w1);
+        _mm512_storeu_ps(row + 16 * c - k0, w0);
+        _mm512_storeu_ps(row + 16 * c + 16 - k0, w1);
+      }
+    }
+    for (int k = 0; k < depth; k += 16) {
+      __m512 r[16];
+      _Pragma("GCC unroll 16") for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(rows + static_cast<size_t>(j) * depth + k);
+      transpose16(r);
+      _Pragma("GCC unroll 16") for (int c = 0; c < 16; ++c) _mm512_store_ps(panel + kGemmCols * (k + c) + h, r[c]);
+    }
+  }
+}
+
+// M rounded up to whole tiles of kGemmRows.
+inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows - 1) / kGemmRows * kGemmRows; }
+
+// x [M, K] (already in the kernels' lane order) -> the micro-kernel's order: per block of
+// kGemmDepth columns (at k0 * padded), per tile of kGemmRows rows (at m0 * depth), column by
+// column the tile's 12 values, rows past M zero; `out` holds gemm_padded_rows(M) * K floats.
+// One stream of broadcasts per tile instead of 12 rows' (`qmm_profile 512`: 1.xx faster).
+void gemm_pack_x(const float* x, int m, int k, float* out) {
+  const size_t padded = gemm_padded_rows(m);
+  for (int k0 = 0; k0 < k; k0 += kGemmDepth) {
+    const int depth = std::min(kGemmDepth, k - k0);
+    for (size_t m0 = 0; m0 < padded; m0 += kGemmRows) {
+      float* tile = out + static_cast<size_t>(k0) * padded + m0 * depth;
+      for (int i = 0; i < kGemmRows; ++i) {
+        const size_t r = m0 + i;
+        for (int c = 0; c < depth; ++c) {
+          tile[kGemmRows * c + i] = r < static_cast<size_t>(m) ? x[r * k + k0 + c] : 0.f;
+        }
+      }
+    }
+  }
+}
+
+// gemm_tile for 1..kGemmRows rows.
+static_assert(kGemmRows == 12, "with_gemm_rows lists the row counts below kGemmRows");
+template <class F>
+inline void with_gemm_rows(int m, F f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 9: return f(std::integral_constant<int, 9>{});
+    case 10: return f(std::integral_constant<int, 10>{});
+    case 11: return f(std::integral_constant<int, 11>{});
+    default: return f(std::integral_constant<int, kGemmRows>{});
+  }
+}
+
+// Output rows [n0, n1) of a prompt chunk: per block of kGemmDepth columns of K (whose x, all
+// M rows, stays in L2), per panel of 32 features (in L1), every tile of kGemmRows x rows.
+template <int BITS>
+AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
+  thread_local std::vector<float> panel_buf, rows;
+  panel_buf.resize(kGemmCols * kGemmDepth + 16);
+  rows.resize(16 * kGemmDepth);
+  float* panel = panel_buf.data() + (16 - reinterpret_cast<uintptr_t>(panel_buf.data()) / sizeof(float) % 16) % 16;
+  const size_t os = static_cast<size_t>(p.n), padded = gemm_padded_rows(p.m);
+  for (int k0 = 0; k0 < p.k; k0 += kGemmDepth) {
+    const int depth = std::min(kGemmDepth, p.k - k0);
+    for (int nb = n0; nb < n1; nb += kGemmCols) {
+      const int cols = std::min(kGemmCols, n1 - nb);
+      const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+      const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+      gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
+      for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
+        with_gemm_rows(p.m - m0, [&](auto mr) {
+          gemm_tile<decltype(mr)::value>(p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * depth,
+                                         panel, depth, p.out + m0 * os + nb, os, k0 == 0, mask0, mask1);
+        });
+      }
+    }
+  }
+}
+
 // The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
 AVX2_FN int swiglu_avx2(const float* gate, const float* up, float* out, int n0, int n1) {
   int i = n0;
@@ -1131,11 +1312,24 @@ bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); 
 // rows_int8_portable: the same bits, slower).
 bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
 
+// Whether a product goes to the GEMM (rows_gemm): prompt chunks of quantized weights in f32
+// precision on AVX-512.
+bool uses_gemm(const Problem& p, int level, int precision) {
+#ifdef MLXSYS_X86
+  return level == kAvx512 && precision == kF32 && p.bits != kDense && p.m > kWindowMaxRows;
+#else
+  return false;
+#endif
+}
+
 void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kBf16 && !bf16_vector(level)) return rows_bf16_portable(p, n0, n1);
   if (precision == kInt8 && !int8_vector(level)) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
+  if (uses_gemm(p, level, precision)) {
+    return p.bits == 4 ? rows_gemm<4>(p, n0, n1) : rows_gemm<8>(p, n0, n1);
+  }
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
     // Prompt prefill: activation rows in balanced blocks of at most kTiledMaxRows (512 ->
     // 16 x 32), each a window on the register or tiled paths, whose x stays in L1/L2 while
@@ -1274,6 +1468,13 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
       std::memcpy(aligned, p0.x, len * sizeof(float));
     }
     for (auto& p : ps) p.x = aligned;
+  }
+  if (uses_gemm(p0, level, precision)) {
+    thread_local std::vector<float> xg;
+    xg.resize(gemm_padded_rows(p0.m) * p0.k + 16);
+    float* aligned = xg.data() + (16 - reinterpret_cast<uintptr_t>(xg.data()) / sizeof(float) % 16) % 16;
+    gemm_pack_x(p0.x, p0.m, p0.k, aligned);
+    for (auto& p : ps) p.xg = aligned;
   }
 #endif
   std::vector<int> n_rows;

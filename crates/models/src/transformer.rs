@@ -332,8 +332,9 @@ impl Transformer {
     /// llama/qwen decoders run the rows of all parts through every row-wise op (embedding,
     /// norms, projections, MLP, LM head) at once and attend per part
     /// ([`crate::blocks::Attention::forward_batch`]); parts are grouped so that no group holds
-    /// more rows than [`Transformer::batch_row_cap`] (dense weights leave the row-invariant
-    /// kernel beyond [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] rows), a part longer than the cap
+    /// more rows than [`Transformer::batch_row_cap`] (products leave the row-invariant kernels
+    /// beyond [`mlx_core::cpu_quant::WINDOW_MAX_ROWS`] rows, dense ones beyond
+    /// [`mlx_core::cpu_quant::DENSE_MAX_ROWS`]), a part longer than the cap
     /// forming a group of its own. Gemma runs its parts one after another. Lazy.
     ///
     /// # Errors
@@ -393,9 +394,11 @@ impl Transformer {
         Ok(outputs)
     }
 
-    /// The most rows [`Transformer::forward_batch`] puts in one forward: unbounded when every
-    /// projection is quantized (the quantized CPU kernel is row-invariant at any row count),
-    /// [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] when any is dense.
+    /// The most rows [`Transformer::forward_batch`] puts in one forward: the row counts up to
+    /// which the CPU kernels give every row its one-row bits,
+    /// [`mlx_core::cpu_quant::WINDOW_MAX_ROWS`] when every projection is quantized,
+    /// [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] when any is dense; unbounded for Gemma (its
+    /// parts run one after another).
     pub fn batch_row_cap(&self) -> usize {
         let Arch::Decoder { blocks, lm_head, embed, .. } = &self.arch else { return usize::MAX };
         let dense = |l: &Linear| matches!(l, Linear::Dense { .. });
@@ -412,7 +415,7 @@ impl Transformer {
                     .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
                     .any(dense)
             });
-        if any_dense { mlx_core::cpu_quant::DENSE_MAX_ROWS } else { usize::MAX }
+        if any_dense { mlx_core::cpu_quant::DENSE_MAX_ROWS } else { mlx_core::cpu_quant::WINDOW_MAX_ROWS }
     }
 
     /// Runs `tokens [B, L]` through the layers to fill `cache` without computing logits

@@ -62,3 +62,32 @@ fn smollm2_matches_mlx_lm() {
         );
     }
 }
+
+/// A prompt longer than the quantized kernel's window limit: its one chunk takes the prefill
+/// GEMM (`mlx_core::cpu_quant::WINDOW_MAX_ROWS`), checked against the same prompt fed in
+/// chunks of at most that many rows (the row-invariant window path, itself checked against
+/// MLX): the last-position logits within LOGIT_TOL, and the fully quantized model keeps its
+/// batched forwards under the limit.
+#[test]
+fn smollm2_long_prompt_chunk_matches_windows() {
+    let dir = ensure_default_model(&mut |_| {}).expect("fetch and import SmolLM2");
+    let options = LoadOptions { dtype: Some(Dtype::Float32), ..LoadOptions::default() };
+    let model = load_model(&dir, &options).unwrap();
+    let limit = mlx_core::cpu_quant::WINDOW_MAX_ROWS;
+    assert_eq!(model.batch_row_cap(), limit);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let text: String = (0..30).map(|i| format!("Step {i}: fold the paper, then turn it over. ")).collect();
+    let prompt = tok.encode(&text, false).unwrap();
+    assert!(prompt.len() > limit + 100 && prompt.len() <= 2 * limit, "{} tokens", prompt.len());
+    let last = |logits: mlx_core::Array| {
+        logits.slice_axis(1, -1, i32::MAX).unwrap().reshape(&[-1]).unwrap().to_vec::<f32>().unwrap()
+    };
+    let whole = last(model.forward(&ids(&prompt).unwrap(), &mut model.make_cache()).unwrap());
+    let mut cache = model.make_cache();
+    let (head, tail) = prompt.split_at(prompt.len() / 2);
+    model.forward(&ids(head).unwrap(), &mut cache).unwrap().eval().unwrap();
+    let chunked = last(model.forward(&ids(tail).unwrap(), &mut cache).unwrap());
+    let d = whole.iter().zip(&chunked).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("{} tokens: max |logit(one chunk) - logit(two windows)| = {d:.2e}", prompt.len());
+    assert!(d <= LOGIT_TOL, "last-position logits differ by {d}");
+}
