@@ -453,7 +453,15 @@ impl Slot<'_> {
         self.stats.profile.rollback_ms += ms_since(trim);
         if !rolled_back {
             tracing::debug!(target: "spec::round", "target cache cannot drop {rollback} positions: plain decoding from here");
-            let finish = fall_back(target, &self.committed, next, &self.params, &mut self.stats, &mut self.on_token)?;
+            let finish = fall_back(
+                target,
+                &self.committed,
+                self.prompt.len(),
+                next,
+                &self.params,
+                &mut self.stats,
+                &mut self.on_token,
+            )?;
             self.in_cache.clear();
             return Ok(Some(finish));
         }

@@ -411,7 +411,7 @@ pub fn run(
                 "target cache cannot drop {rollback} positions: plain decoding from here"
             );
             drop(verified);
-            finish = fall_back(target, &committed, next, params, &mut stats, &mut on_token)?;
+            finish = fall_back(target, &committed, prompt.len(), next, params, &mut stats, &mut on_token)?;
             fell_back = true;
             break;
         }
@@ -976,12 +976,25 @@ pub(crate) fn roll_back(cache: &mut ModelCache, n: usize) -> bool {
     n == 0 || (cache.can_trim(n) && cache.trim(n) == n)
 }
 
+/// Rows per forward when [`fall_back`] re-runs the tokens plain decoding ran one at a time.
+const FALLBACK_WINDOW: usize = if mlx_core::cpu_quant::DENSE_MAX_ROWS < mlx_core::cpu_quant::WINDOW_MAX_ROWS {
+    mlx_core::cpu_quant::DENSE_MAX_ROWS
+} else {
+    mlx_core::cpu_quant::WINDOW_MAX_ROWS
+};
+
 /// Finishes the request as plain decoding after a failed rollback: a fresh target cache is
-/// prefilled with `committed` (prompt ++ emitted) except its last token `next`, then
-/// [`plain_decode`] goes on from there.
+/// prefilled with `committed` (the `prompt_len` prompt tokens ++ emitted) except its last
+/// token `next`, then [`plain_decode`] goes on from there. Every row gets the bits plain
+/// decoding gave it: the prompt's head in plain prefill's chunks, the rest (rows plain
+/// decoding ran as one-token steps) in windows of at most [`FALLBACK_WINDOW`] rows, which
+/// keep one-token bits on the CPU kernels (longer inputs leave them: dense products for
+/// BLAS past [`mlx_core::cpu_quant::DENSE_MAX_ROWS`] rows, quantized ones for the prompt GEMM
+/// past [`mlx_core::cpu_quant::WINDOW_MAX_ROWS`]).
 pub(crate) fn fall_back(
     target: &Transformer,
     committed: &[u32],
+    prompt_len: usize,
     next: u32,
     params: &GenerateParams,
     stats: &mut SpecStats,
@@ -989,7 +1002,12 @@ pub(crate) fn fall_back(
 ) -> Result<Finish> {
     stats.fallback_at = Some(stats.emitted);
     let mut cache = target.make_cache();
-    prefill_target(target, &mut cache, &committed[..committed.len() - 1], &[], stats, &|| false, &mut |_| {})?;
+    let (head, stepped) = committed[..committed.len() - 1].split_at(prompt_len - 1);
+    prefill_target(target, &mut cache, head, &[], stats, &|| false, &mut |_| {})?;
+    for window in stepped.chunks(FALLBACK_WINDOW) {
+        prefill_chunk(target, &mut cache, window, &[], &mut [])?;
+        stats.prefill_forwards += 1;
+    }
     plain_decode(target, &mut cache, next, params, stats, on_token)
 }
 

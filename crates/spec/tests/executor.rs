@@ -460,17 +460,18 @@ fn flaky_cache(model: &Transformer, flaw: Flaw, good: usize) -> ModelCache {
     ModelCache { layers }
 }
 
-/// Each flaw, from the first rollback or after two good ones, greedy and sampled: the output
-/// is still plain decoding's, and the request fell back exactly when the flaw appeared.
+/// Each flaw, from the first rollback or after two or 40 good ones (the fallback then
+/// re-runs more tokens than one window of its re-prefill holds), greedy and sampled: the
+/// output is still plain decoding's, and the request fell back exactly when the flaw appeared.
 #[test]
 fn a_cache_that_cannot_trim_exactly_falls_back_to_plain_decoding() {
     let target = load(TARGET);
     let prompt = [2, 7, 1, 8, 2, 8];
     for sampler in [Sampler::default(), Sampler { temp: 0.8, top_p: 0.9, seed: 11, ..Sampler::default() }] {
-        let params = GenerateParams { max_tokens: 24, sampler, eos: vec![] };
+        let params = GenerateParams { max_tokens: 56, sampler, eos: vec![] };
         let want = plain(&target, &prompt, &params);
         for flaw in [Flaw::Refuses, Flaw::Short, Flaw::Noop] {
-            for good in [0, 2] {
+            for good in [0, 2, 40] {
                 for n in [1, 4, 12] {
                     let cache = flaky_cache(&target, flaw, good);
                     let trims = Rc::new(Cell::new(0));
