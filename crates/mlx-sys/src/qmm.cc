@@ -624,7 +624,8 @@ void rows_avx512(const Problem& p, int n0, int n1) {
 // The register kernels above decode every weight once per register group of at most 8 rows
 // and load one activation vector per FMA, so they stay at about a third of the cores' FMA
 // rate whatever the number of rows (`qmm_profile 512`: ~85 G multiply-adds a second on two
-// cores, where two AVX-512 FMA units a core reach ~240). Here a weight is dequantized once
+// cores, where their AVX-512 FMA units reach ~225). This reaches 125-170 (K = 8960-1536);
+// one core alone 74-83, ~75% of its peak. Here a weight is dequantized once
 // per call into a panel of kGemmCols output features over kGemmDepth columns of K (transposed:
 // 32 features of one k side by side), and a micro-kernel keeps a tile of kGemmRows activation
 // rows x 32 features in 24 registers: per k two panel loads and 12 broadcasts feed 24 FMAs
@@ -730,7 +731,8 @@ inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows
 // x [M, K] (already in the kernels' lane order) -> the micro-kernel's order: per block of
 // kGemmDepth columns (at k0 * padded), per tile of kGemmRows rows (at m0 * depth), column by
 // column the tile's 12 values, rows past M zero; `out` holds gemm_padded_rows(M) * K floats.
-// One stream of broadcasts per tile instead of 12 rows' (`qmm_profile 512`: 1.xx faster).
+// One stream of broadcasts per tile instead of 12 rows' (`qmm_profile 512`: within the
+// noise of reading x in place on the Xeon of 2026-12-05; it keeps one L1 stream per tile).
 void gemm_pack_x(const float* x, int m, int k, float* out) {
   const size_t padded = gemm_padded_rows(m);
   for (int k0 = 0; k0 < k; k0 += kGemmDepth) {
@@ -1364,11 +1366,11 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
 constexpr size_t kParallelMinWeights = 1 << 15;
 
 // Runs `rows(j, n0, n1)` over the output rows [0, n_rows[j]) of products j = 0.., split into
-// chunks of 8k rows (about `per_thread` per thread) over the pool unless the work is small. A
-// row is always computed whole by one call, so results do not depend on the split.
+// chunks of 8k rows (about 4 per thread) over the pool unless the work is small. A row is
+// always computed whole by one call, so results do not depend on the split.
 // `wanted` threads (0: the pool's count).
 void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows,
-                int wanted, int per_thread) {
+                int wanted) {
   const int threads = Pool::get().threads(wanted);
   int total = 0;
   for (int n : n_rows) total += n;
@@ -1378,8 +1380,7 @@ void split_rows(const std::vector<int>& n_rows, size_t work, const std::function
     }
     return;
   }
-  const int parts = per_thread * threads;
-  const int per = std::max(8, (total + parts - 1) / parts + 7) / 8 * 8;
+  const int per = std::max(8, (total + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
   std::vector<std::array<int, 3>> chunks;
   for (int j = 0; j < static_cast<int>(n_rows.size()); ++j) {
     for (int n0 = 0; n0 < n_rows[j]; n0 += per) chunks.push_back({j, n0, std::min(n_rows[j], n0 + per)});
@@ -1484,21 +1485,15 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     n_rows.push_back(p.n);
     work += static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
   }
-  // Chunks of output rows: about 4 per thread balance windows; a prompt GEMM takes one range
-  // per thread, so each block of activations serves as many panels as possible while in L2
-  // (`qmm_profile 512` on Qwen2.5-1.5B's down projection, K = 8960: 1.xx faster).
-  const int per_thread = uses_gemm(p0, level, precision) ? 1 : 4;
   if (combine == Combine::kNone) {
-    split_rows(
-        n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level, precision); }, threads,
-        per_thread);
+    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level, precision); }, threads);
     return;
   }
   split_rows({p0.n}, work, [&](int, int n0, int n1) {
     run_rows(ps[0], n0, n1, level, precision);
     run_rows(ps[1], n0, n1, level, precision);
     swiglu_rows(ps[0].out, ps[1].out, combined_out, p0.m, p0.n, n0, n1, level);
-  }, threads, per_thread);
+  }, threads);
 }
 
 }  // namespace
