@@ -459,20 +459,20 @@ AVX512_FN_ALWAYS void carry_out(const __m512 (&acc)[R][M][2], const Problem& p, 
     }
 }
 
-// f(std::integral_constant<int, M>{}) for M = m, 1..kRegisterRows (more counts as
-// kRegisterRows): a register group's row count as a template argument.
+// f(std::integral_constant<int, M>{}) for M = m, 1..Max (more counts as Max): a register
+// group's or tile's row count as a template argument.
+template <int Max, class F>
+inline void with_count(int m, F f) {
+  if constexpr (Max == 1) {
+    return f(std::integral_constant<int, 1>{});
+  } else {
+    if (m >= Max) return f(std::integral_constant<int, Max>{});
+    return with_count<Max - 1>(m, f);
+  }
+}
 template <class F>
 inline void with_rows(int m, F f) {
-  switch (m) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    default: return f(std::integral_constant<int, kRegisterRows>{});
-  }
+  with_count<kRegisterRows>(m, f);
 }
 
 // The f32 path's reduction of a row's two accumulators.
@@ -749,26 +749,6 @@ void gemm_pack_x(const float* x, int m, int k, float* out) {
   }
 }
 
-// gemm_tile for 1..kGemmRows rows.
-static_assert(kGemmRows == 12, "with_gemm_rows lists the row counts below kGemmRows");
-template <class F>
-inline void with_gemm_rows(int m, F f) {
-  switch (m) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 9: return f(std::integral_constant<int, 9>{});
-    case 10: return f(std::integral_constant<int, 10>{});
-    case 11: return f(std::integral_constant<int, 11>{});
-    default: return f(std::integral_constant<int, kGemmRows>{});
-  }
-}
-
 // Output rows [n0, n1) of a prompt chunk: per block of kGemmDepth columns of K (whose x, all
 // M rows, stays in L2), per panel of 32 features (in L1), every tile of kGemmRows x rows.
 template <int BITS>
@@ -786,7 +766,7 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
       const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
       gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
       for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
-        with_gemm_rows(p.m - m0, [&](auto mr) {
+        with_count<kGemmRows>(p.m - m0, [&](auto mr) {
           gemm_tile<decltype(mr)::value>(p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * depth,
                                          panel, depth, p.out + m0 * os + nb, os, k0 == 0, mask0, mask1);
         });
