@@ -269,8 +269,9 @@ impl KernelCounters {
 pub struct KernelPolicy {
     /// Quantized 4/8-bit matmuls on the CPU kernel (`MLX_SPEC_QMM`).
     pub qmm: bool,
-    /// Dense float32 matmuls of up to [`crate::cpu_quant::DENSE_MAX_ROWS`] rows on the CPU
-    /// kernel (`MLX_SPEC_DENSE`).
+    /// Dense float32 matmuls on the CPU kernel: up to [`crate::cpu_quant::DENSE_MAX_ROWS`]
+    /// rows, and longer inputs on AVX-512 (its prompt GEMM; [`crate::cpu_quant::dense_applies`])
+    /// (`MLX_SPEC_DENSE`).
     pub dense: bool,
     /// RMS norm and RoPE as single CPU nodes (`MLX_SPEC_FAST`).
     pub fast_norm_rope: bool,
@@ -681,7 +682,7 @@ impl Settings {
                 name: "MLX_SPEC_DENSE",
                 value: on(self.dense.value),
                 source: self.dense.source,
-                about: "f32 matmuls of up to 32 rows on the CPU kernel (`mlx`: MLX's matmul, BLAS)",
+                about: "f32 matmuls on the CPU kernel, prompt chunks too on AVX-512 (`mlx`: MLX's matmul, BLAS)",
             },
             Entry {
                 name: "MLX_SPEC_FAST",

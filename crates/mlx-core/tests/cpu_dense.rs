@@ -77,10 +77,14 @@ fn dense_kernel_matches_mlx_matmul() {
     });
 }
 
+/// Up to `DENSE_MAX_ROWS` rows (a prompt GEMM's chunk, more rows, has its own bits: the
+/// matmul test above checks it against MLX, `dense_prompt_chunk_rows_equal_in_longer_chunks`
+/// its rows).
 #[test]
 fn dense_rows_do_not_depend_on_the_window_size() {
     each_isa(16, |runner, p| {
-        let strategy = (1..300i32, 1..24i32, 2..=16i32, any::<u64>());
+        let strategy =
+            (1..300i32, 1..24i32, prop_oneof![2..=16i32, Just(cpu_quant::DENSE_MAX_ROWS as i32)], any::<u64>());
         runner
             .run(&strategy, |(n, blocks, t, seed)| {
                 let k = 32 * blocks;
@@ -157,15 +161,23 @@ fn bad_inputs_are_errors_naming_the_problem() {
     assert!(e.contains("cpu_dense_swiglu") && e.contains("same number of rows"), "{e}");
 }
 
+/// Whether the kernel's prompt GEMM serves prompt chunks under `p` (AVX-512F in use).
+fn prompt_gemm(p: &KernelPolicy) -> bool {
+    p.isa() == "avx512f"
+}
+
 #[test]
-fn dense_applies_to_short_float32_inputs_only() {
+fn dense_applies_to_float32_inputs_short_or_on_the_prompt_gemm() {
     let p = &KernelPolicy::all_on();
     let w = Array::ones(&[8, 64], Dtype::Float32).unwrap();
     let x = |rows: i32, k: i32, d: Dtype| Array::ones(&[1, rows, k], d).unwrap();
     let max = cpu_quant::DENSE_MAX_ROWS as i32;
     assert!(cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Float32), p));
     assert!(cpu_quant::dense_applies(&w, &x(max, 64, Dtype::Float32), p));
-    assert!(!cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32), p), "prefill stays with BLAS");
+    let long = cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32), p);
+    assert_eq!(long, prompt_gemm(p), "prefill: the prompt GEMM on AVX-512, else BLAS");
+    let avx2 = &KernelPolicy::all_on().with_isa(Isa::Avx2Fma);
+    assert!(!cpu_quant::dense_applies(&w, &x(max + 1, 64, Dtype::Float32), avx2), "without AVX-512: BLAS");
     assert!(!cpu_quant::dense_applies(&w, &x(1, 64, Dtype::Bfloat16), p));
     assert!(!cpu_quant::dense_applies(&w.astype(Dtype::Float16).unwrap(), &x(1, 64, Dtype::Float32), p));
     let w48 = Array::ones(&[8, 48], Dtype::Float32).unwrap();
@@ -175,7 +187,7 @@ fn dense_applies_to_short_float32_inputs_only() {
 }
 
 #[test]
-fn auto_takes_the_kernel_for_short_inputs_and_blas_for_long_ones() {
+fn auto_takes_the_kernel_for_short_inputs_and_the_gemm_or_blas_for_long_ones() {
     let w = &weights(&[40], 64, 5)[0];
     for rows in [1, cpu_quant::DENSE_MAX_ROWS as i32 + 8] {
         let x = uniform(-1.0, 1.0, &[rows, 64], Dtype::Float32, &Key::new(6)).unwrap();
@@ -188,6 +200,22 @@ fn auto_takes_the_kernel_for_short_inputs_and_blas_for_long_ones() {
         };
         assert_eq!(bits_of(&got), bits_of(&want), "{rows} rows");
         let kernel = p.calls().dense > 0;
-        assert_eq!(kernel, rows as usize <= cpu_quant::DENSE_MAX_ROWS, "{rows} rows: kernel used = {kernel}");
+        let want_kernel = rows as usize <= cpu_quant::DENSE_MAX_ROWS || prompt_gemm(p);
+        assert_eq!(kernel, want_kernel, "{rows} rows: kernel used = {kernel}");
+    }
+}
+
+/// A dense prompt chunk (more than `DENSE_MAX_ROWS` rows, the GEMM on AVX-512): its rows have
+/// the same bits in any longer chunk (they do not depend on the chunk's length or tiles).
+#[test]
+fn dense_prompt_chunk_rows_equal_in_longer_chunks() {
+    let p = &KernelPolicy::all_on();
+    let max = cpu_quant::DENSE_MAX_ROWS as i32;
+    for (n, k) in [(70, 96), (33, 544)] {
+        let w = &weights(&[n], k, 8)[0];
+        let x = uniform(-1.0, 1.0, &[max + 30, k], Dtype::Float32, &Key::new(9)).unwrap();
+        let product = |rows: i32| bits_of(&dense_matmuls_t(&x.slice_axis(0, 0, rows).unwrap(), &[w], p).unwrap()[0]);
+        let (short, long) = (product(max + 1), product(max + 30));
+        assert_eq!(&short[..], &long[..short.len()], "n {n} k {k}");
     }
 }

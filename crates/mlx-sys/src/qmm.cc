@@ -61,8 +61,11 @@ constexpr int kPrefetchMaxRows = 16;
 
 // Products of at most this many activation rows (verify windows, batched decode steps, short
 // prompts) give every row the bits of its one-row product; longer ones (prompt chunks) take
-// the GEMM (rows_gemm) on AVX-512 in f32 precision. mlx-core's `cpu_quant::WINDOW_MAX_ROWS`.
+// the GEMM (rows_gemm) on AVX-512 in f32 precision. mlx-core's `cpu_quant::WINDOW_MAX_ROWS`;
+// dense weights: kDenseWindowMaxRows, mlx-core's `cpu_quant::DENSE_MAX_ROWS` (their longer
+// products went to BLAS before the GEMM, and still do off AVX-512).
 constexpr int kWindowMaxRows = 256;
+constexpr int kDenseWindowMaxRows = 32;
 
 struct Problem {
   const float* x;
@@ -695,7 +698,8 @@ AVX512_FN_ALWAYS void transpose16(__m512 (&r)[16]) {
 }
 
 // panel[k, j] = weight (nb + j, k0 + k) for j < cols (in x's lane order: 4 bits' chunk pairs
-// as `permute_x4` orders x), 0 for the features past `cols`: 16 rows at a time dequantized
+// as `permute_x4` orders x; dense rows copied through the same code), 0 for the features past
+// `cols`: 16 rows at a time dequantized
 // into `rows` (scratch of 16 * depth floats), then transposed 16 x 16.
 template <int BITS>
 AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, float* panel, float* rows) {
@@ -1294,11 +1298,10 @@ bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); 
 // rows_int8_portable: the same bits, slower).
 bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
 
-// Whether a product goes to the GEMM (rows_gemm): prompt chunks of quantized weights in f32
-// precision on AVX-512.
+// Whether a product goes to the GEMM (rows_gemm): prompt chunks in f32 precision on AVX-512.
 bool uses_gemm(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
-  return level == kAvx512 && precision == kF32 && p.bits != kDense && p.m > kWindowMaxRows;
+  return level == kAvx512 && precision == kF32 && p.m > (p.bits == kDense ? kDenseWindowMaxRows : kWindowMaxRows);
 #else
   return false;
 #endif
@@ -1310,7 +1313,11 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (uses_gemm(p, level, precision)) {
-    return p.bits == 4 ? rows_gemm<4>(p, n0, n1) : rows_gemm<8>(p, n0, n1);
+    switch (p.bits) {
+      case 4: return rows_gemm<4>(p, n0, n1);
+      case 8: return rows_gemm<8>(p, n0, n1);
+      default: return rows_gemm<kDense>(p, n0, n1);
+    }
   }
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
     // Prompt prefill: activation rows in balanced blocks of at most kTiledMaxRows (512 ->
