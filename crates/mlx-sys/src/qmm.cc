@@ -732,12 +732,14 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
 // M rounded up to whole tiles of kGemmRows.
 inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows - 1) / kGemmRows * kGemmRows; }
 
-// x [M, K] (already in the kernels' lane order) -> the micro-kernel's order: per block of
-// kGemmDepth columns (at k0 * padded), per tile of kGemmRows rows (at m0 * depth), column by
-// column the tile's 12 values, rows past M zero; `out` holds gemm_padded_rows(M) * K floats.
-// One stream of broadcasts per tile instead of 12 rows' (`qmm_profile 512`: within the
-// noise of reading x in place on the Xeon of 2026-12-05; it keeps one L1 stream per tile).
-void gemm_pack_x(const float* x, int m, int k, float* out) {
+// x [M, K] (as the caller passed it) -> the micro-kernel's order: per block of kGemmDepth
+// columns (at k0 * padded), per tile of kGemmRows rows (at m0 * depth), column by column the
+// tile's 12 values, rows past M zero, each 32-block in the weights' lane order (`permute4`:
+// permute_x4's, for 4 bits); `out` holds gemm_padded_rows(M) * K floats. The kernels' aligned
+// copy of x is not made for the GEMM: this is its only copy. One stream of broadcasts per
+// tile instead of 12 rows' (`qmm_profile 512`: within the noise of reading x in place on the
+// Xeon of 2026-12-05; it keeps one L1 stream per tile).
+void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out) {
   const size_t padded = gemm_padded_rows(m);
   for (int k0 = 0; k0 < k; k0 += kGemmDepth) {
     const int depth = std::min(kGemmDepth, k - k0);
@@ -746,7 +748,9 @@ void gemm_pack_x(const float* x, int m, int k, float* out) {
       for (int i = 0; i < kGemmRows; ++i) {
         const size_t r = m0 + i;
         for (int c = 0; c < depth; ++c) {
-          tile[kGemmRows * c + i] = r < static_cast<size_t>(m) ? x[r * k + k0 + c] : 0.f;
+          // Lane c of its 32-block (k0 and depth are multiples of 32) holds element `from`.
+          const int j = c % 32, from = c - j + (!permute4 ? j : j < 16 ? 2 * j : 2 * (j - 16) + 1);
+          tile[kGemmRows * c + i] = r < static_cast<size_t>(m) ? x[r * k + k0 + from] : 0.f;
         }
       }
     }
@@ -1447,7 +1451,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   // Only the x86 kernels use it: elsewhere `level` is always kPortable.
 #ifdef MLXSYS_X86
   thread_local std::vector<float> x_copy;
-  if (level >= kAvx2 && precision == kF32) {
+  if (level >= kAvx2 && precision == kF32 && !uses_gemm(p0, level, precision)) {
     const size_t len = static_cast<size_t>(p0.m) * p0.k;
     x_copy.resize(len + 16);
     float* aligned = x_copy.data() + (16 - reinterpret_cast<uintptr_t>(x_copy.data()) / sizeof(float) % 16) % 16;
@@ -1462,7 +1466,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     thread_local std::vector<float> xg;
     xg.resize(gemm_padded_rows(p0.m) * p0.k + 16);
     float* aligned = xg.data() + (16 - reinterpret_cast<uintptr_t>(xg.data()) / sizeof(float) % 16) % 16;
-    gemm_pack_x(p0.x, p0.m, p0.k, aligned);
+    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
     for (auto& p : ps) p.xg = aligned;
   }
 #endif
