@@ -9,7 +9,8 @@
 //     long rows, through a dequantized copy of the row in L1), so a verify window costs a
 //     fraction of T one-token steps; prompt chunks go in blocks of at most 32 rows, each a
 //     window (`run_rows`);
-//   - reads x from a 64-byte aligned copy;
+//   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
+//     register group of rows is one pointer);
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
 //     speculative verification sees exactly the logits of plain decoding;
 //   - uses AVX-512F, else AVX2 + FMA, when the CPU has them (runtime check with
@@ -90,6 +91,10 @@ struct Problem {
   const float* xs = nullptr;
   // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
   const float* xg = nullptr;
+  // The AVX-512 f32 register kernels only (rows_avx512_regs): x by 32-column block, the
+  // block's total_m rows side by side (`interleave_x`), so a register group's loads are one
+  // pointer plus constants; block j of row m at xi + 32 * (j * total_m + m).
+  const float* xi = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
@@ -101,6 +106,7 @@ struct Problem {
     q.x = x + static_cast<size_t>(m0) * k;
     q.out = out + static_cast<size_t>(m0) * n;
     if (xb) q.xb = xb + static_cast<size_t>(m0) * k;
+    if (xi) q.xi = xi + static_cast<size_t>(32) * m0;
     if (xq) {
       q.xq = xq + static_cast<size_t>(m0) * k64();
       q.xd = xd + static_cast<size_t>(m0) * (k64() / 4);
@@ -351,6 +357,22 @@ void permute_x4(const float* x, int m, int k, float* out) {
   }
 }
 
+// x [M, K] (K a multiple of 32) -> Problem::xi's order: 32-column block j of row r at
+// out + 32 * (j * M + r), each block in the weights' lane order (permute_x4's for 4 bits).
+// For M = 1 this is permute_x4's (or x's) own layout.
+void interleave_x(const float* x, int m, int k, bool permute4, float* out) {
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < k / 32; ++j) {
+      const float* from = x + static_cast<size_t>(r) * k + 32 * j;
+      float* to = out + static_cast<size_t>(32) * (static_cast<size_t>(j) * m + r);
+      for (int l = 0; l < 16; ++l) {
+        to[l] = permute4 ? from[2 * l] : from[l];
+        to[16 + l] = permute4 ? from[2 * l + 1] : from[16 + l];
+      }
+    }
+  }
+}
+
 // Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats (8 bits, dense;
 // 4 bits go by table, lookup_pair4).
 template <int BITS>
@@ -392,13 +414,19 @@ AVX512_FN_ALWAYS void group16(const Problem& p, int n, int g, __m512& sc, __m512
 // Weight rows n .. n + R of M activation rows, straight from registers: each weight chunk is
 // decoded once and applied to all M rows, and each (weight row, activation row) sees the FMAs
 // of the one-row case in the same order, so windows give one-token steps' bits without the
-// tiled path's dequantized copy. Windows of more than kRegisterRows rows go in balanced
-// groups (11 -> 6 + 5, 16 -> 8 + 8; measured faster than 8 + 3 or one group of 11). Every
+// tiled path's dequantized copy. Windows of more than kRegisterRows rows (f32:
+// kF32RegisterRows) go in balanced groups (bf16, int8: 11 -> 6 + 5; f32: 11 in one, 16 -> 8 + 8).
+// The f32 kernels read x from Problem::xi, one pointer for a group's rows: 12 rows then fit
+// the registers (24 accumulators) where 8 row pointers had exhausted the general registers,
+// and 11-row windows decode each weight once instead of twice (`window_profile`, SmolLM2,
+// alternating runs on the Xeon of 2026-12-05: t(11) 32.5-35.0 ms with 6 + 5 groups reading x
+// by row, 28.7-29.1 reading xi, 23.1-26.3 in one group of 11). Every
 // weight row reads all rows of its group, so a group's x must stay in L1/L2
 // (kRegisterMaxXBytes): longer rows (a 1.5B model's MLP, K = 8960) go in blocks of groups
 // [g0, g1), the accumulators kept in `carry` (R * M * 32 floats) between blocks, stored and
 // reloaded exactly, so the FMAs and their order are those of a whole row.
 constexpr int kRegisterRows = 8;
+constexpr int kF32RegisterRows = 12;  // 24 accumulators, 2 weight vectors, the 4-bit table
 constexpr size_t kRegisterMaxXBytes = 64 * 1024;
 
 // The parameters of scale group g of weight rows n .. n + R: scale and bias, or for 4 bits
@@ -437,7 +465,7 @@ struct Carry {
 template <int R, int M>
 AVX512_FN_ALWAYS void carry_in(__m512 (&acc)[R][M][2], int n, int g0, Carry carry) {
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
       if (g0 == 0) {
         acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
       } else {
@@ -451,7 +479,7 @@ template <int R, int M, class Finish>
 AVX512_FN_ALWAYS void carry_out(const __m512 (&acc)[R][M][2], const Problem& p, int n, bool last, Carry carry,
                                 Finish finish) {
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
       if (last) {
         p.out[m * static_cast<size_t>(p.n) + n + r] = finish(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
       } else {
@@ -485,23 +513,26 @@ struct ReduceAdd {
 
 template <int BITS, int R, int M>
 AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, Carry carry) {
-  const int words = p.k * BITS / 32, groups = p.k / p.gs, chunks_per_group = p.gs / 16;
-  const uint32_t* wr = p.w_row(n);
-  const size_t xs = static_cast<size_t>(p.k);
+  const int words = p.k * BITS / 32, groups = p.k / p.gs, pairs_per_group = p.gs / 32;
+  // Walked by pointers: a chunk pair (32 weights) is BITS packed words; x's pair of this
+  // register group's rows is one pointer for all M rows (Problem::xi).
+  const size_t pair_stride = static_cast<size_t>(32) * p.total_m;
+  const uint32_t* wp = p.w_row(n) + static_cast<size_t>(g0) * pairs_per_group * BITS;
+  const float* xp = p.xi + pair_stride * (static_cast<size_t>(g0) * pairs_per_group);
+  const bool prefetch = p.prefetch();
   __m512 acc[R][M][2];
   carry_in<R, M>(acc, n, g0, carry);
   for (int g = g0; g < g1; ++g) {
     __m512 sc[R], bi[R];
     group_params<BITS, R>(p, n, g, sc, bi);
-    const int c0 = g * chunks_per_group;  // even: chunk c feeds acc[c % 2]
-    for (int c = c0; c < c0 + chunks_per_group; c += 2) {
+    for (int i = 0; i < pairs_per_group; ++i, wp += BITS, xp += pair_stride) {
       _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-        if (p.prefetch()) prefetch_ahead(wr + r * words + c * BITS / 2);
+        if (prefetch) prefetch_ahead(wp + r * words);
         __m512 w0, w1;
-        dequant_pair<BITS>(wr + r * words, c, sc[r], bi[r], w0, w1);
-        _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-          acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p.x + m * xs + 16 * c), acc[r][m][0]);
-          acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.x + m * xs + 16 * c + 16), acc[r][m][1]);
+        dequant_pair<BITS>(wp + r * words, 0, sc[r], bi[r], w0, w1);  // chunk 0 feeds acc[.][.][0]
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
+          acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_load_ps(xp + 32 * m), acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_load_ps(xp + 32 * m + 16), acc[r][m][1]);
         }
       }
     }
@@ -525,7 +556,7 @@ AVX512_FN void rows_avx512_small(const Problem& p, int n0, int n1, int g0, int g
 // K = 8960: 32 rows 2x faster than the tiled path in f32, 1.4x in bf16; 11 rows 1.3x).
 constexpr size_t kBlockXBytes = 24 * 1024;
 
-// The activation rows of a window in balanced register groups of at most kRegisterRows (11 ->
+// The activation rows of a window in balanced register groups of at most MaxGroup (8: 11 ->
 // 6 + 5, 16 -> 8 + 8). When a group's whole rows fit kRegisterMaxXBytes (always for one
 // row: a decode step's products keep their whole rows), each group is a pass
 // over tiles of `tile_rows` weight rows; otherwise the scale groups of a row go in blocks
@@ -534,33 +565,33 @@ constexpr size_t kBlockXBytes = 24 * 1024;
 // once. `rows(q, t0, t1, g0, g1, carry)` computes rows [t0, t1) of the problem q (one register
 // group) over the groups [g0, g1); `x_bytes` is an activation's size (4 for f32, 2 for bf16),
 // `group_step` a block's multiple of groups.
-template <class Rows>
+template <int MaxGroup = kRegisterRows, class Rows>
 void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_step, int tile_rows, Rows rows) {
-  const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
+  const int passes = (p.m + MaxGroup - 1) / MaxGroup, group = (p.m + passes - 1) / passes;
   const int groups = p.k / p.gs;
   const bool whole = p.m == 1 || static_cast<size_t>(group) * p.k * x_bytes <= kRegisterMaxXBytes;
   const size_t fit = kBlockXBytes / (static_cast<size_t>(group) * p.gs * x_bytes);
   const int block = whole ? groups : std::max(group_step, static_cast<int>(fit) / group_step * group_step);
   const int tile = whole ? tile_rows : kTileRows;
   thread_local std::vector<float> carry;
-  carry.resize(static_cast<size_t>(passes) * kTileRows * kRegisterRows * 32);
+  carry.resize(static_cast<size_t>(passes) * kTileRows * MaxGroup * 32);
   for (int t0 = n0; t0 < n1; t0 += tile) {
     const int t1 = std::min(n1, t0 + tile);
     for (int g0 = 0; g0 < groups; g0 += block) {
       const int g1 = std::min(groups, g0 + block);
       for (int pass = 0; pass < passes; ++pass) {
         const int m0 = pass * group;
-        float* pass_carry = carry.data() + static_cast<size_t>(pass) * kTileRows * kRegisterRows * 32;
+        float* pass_carry = carry.data() + static_cast<size_t>(pass) * kTileRows * MaxGroup * 32;
         rows(p.rows(m0, std::min(group, p.m - m0)), t0, t1, g0, g1, Carry{pass_carry, t0});
       }
     }
   }
 }
 
-// rows_avx512_small for a register group of 1..8 rows.
+// rows_avx512_small for a register group of 1..kF32RegisterRows rows.
 template <int BITS>
 AVX512_FN void rows_avx512_group(const Problem& q, int t0, int t1, int g0, int g1, Carry carry) {
-  with_rows(q.m, [&](auto m) { rows_avx512_small<BITS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
+  with_count<kF32RegisterRows>(q.m, [&](auto m) { rows_avx512_small<BITS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
 }
 
 // The tiled small-M path of the AVX2 kernels (see there) with 16-lane chunks and the two
@@ -610,14 +641,14 @@ struct Avx512DenseTiles {
 // Output rows [n0, n1) for M <= kTiledMaxRows activation rows (run_rows splits longer inputs).
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1) {
-  // Activation rows in as few register groups as fit, of balanced sizes (16 -> 8 + 8).
-  const int passes = (p.m + kRegisterRows - 1) / kRegisterRows, group = (p.m + passes - 1) / passes;
+  // Activation rows in as few register groups as fit, of balanced sizes (11 -> 11, 16 -> 8 + 8).
+  const int passes = (p.m + kF32RegisterRows - 1) / kF32RegisterRows, group = (p.m + passes - 1) / passes;
   // Register groups over blocks of scale groups (window_blocks); a row's FMAs do not depend on
   // its register group or block. Dense weights are 4-8x the bytes of quantized ones: one pass
   // over them (the tiled path) beats one pass per register group.
   const bool one_group_fits = passes == 1 && static_cast<size_t>(group) * p.k * sizeof(float) <= kRegisterMaxXBytes;
   if (BITS != kDense || p.m == 1 || one_group_fits) {
-    return window_blocks(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
+    return window_blocks<kF32RegisterRows>(p, n0, n1, sizeof(float), 1, n1 - n0, rows_avx512_group<BITS>);
   }
   rows_tiled<Avx512DenseTiles>(p, n0, n1);
 }
@@ -1450,16 +1481,21 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   // of 11 rows 1.25x faster; one-row products unchanged).
   // Only the x86 kernels use it: elsewhere `level` is always kPortable.
 #ifdef MLXSYS_X86
-  thread_local std::vector<float> x_copy;
-  if (level >= kAvx2 && precision == kF32 && !uses_gemm(p0, level, precision)) {
-    const size_t len = static_cast<size_t>(p0.m) * p0.k;
+  thread_local std::vector<float> x_copy, x_blocks;
+  const bool windows = level >= kAvx2 && precision == kF32 && !uses_gemm(p0, level, precision);
+  const size_t len = static_cast<size_t>(p0.m) * p0.k;
+  if (windows && level == kAvx512) {
+    // The register kernels' copy (Problem::xi).
+    x_blocks.resize(len + 16);
+    float* aligned = x_blocks.data() + (16 - reinterpret_cast<uintptr_t>(x_blocks.data()) / sizeof(float) % 16) % 16;
+    interleave_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
+    for (auto& p : ps) p.xi = aligned;
+  }
+  if (windows && (level == kAvx2 || (p0.bits == kDense && p0.m > 1))) {
+    // The tiled paths' copy (AVX2 windows, dense weights' windows on AVX-512), rows as given.
     x_copy.resize(len + 16);
     float* aligned = x_copy.data() + (16 - reinterpret_cast<uintptr_t>(x_copy.data()) / sizeof(float) % 16) % 16;
-    if (level == kAvx512 && p0.bits == 4) {
-      permute_x4(p0.x, p0.m, p0.k, aligned);
-    } else {
-      std::memcpy(aligned, p0.x, len * sizeof(float));
-    }
+    std::memcpy(aligned, p0.x, len * sizeof(float));
     for (auto& p : ps) p.x = aligned;
   }
   if (uses_gemm(p0, level, precision)) {
