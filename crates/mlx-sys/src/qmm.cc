@@ -91,9 +91,10 @@ struct Problem {
   const float* xs = nullptr;
   // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
   const float* xg = nullptr;
-  // The AVX-512 f32 register kernels only (rows_avx512_regs): x by 32-column block, the
-  // block's total_m rows side by side (`interleave_x`), so a register group's loads are one
-  // pointer plus constants; block j of row m at xi + 32 * (j * total_m + m).
+  // The AVX-512 f32 register kernels only (rows_avx512_regs): x with each register group's
+  // rows (`register_groups`) interleaved by 32-column block (`interleave_x`), so a group's
+  // loads are one pointer plus constants: the group of rows [m0, m0 + M) at xi + m0 * K, its
+  // block j of row m0 + r at + 32 * (j * M + r).
   const float* xi = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
@@ -106,7 +107,7 @@ struct Problem {
     q.x = x + static_cast<size_t>(m0) * k;
     q.out = out + static_cast<size_t>(m0) * n;
     if (xb) q.xb = xb + static_cast<size_t>(m0) * k;
-    if (xi) q.xi = xi + static_cast<size_t>(32) * m0;
+    if (xi) q.xi = xi + static_cast<size_t>(m0) * k;
     if (xq) {
       q.xq = xq + static_cast<size_t>(m0) * k64();
       q.xd = xd + static_cast<size_t>(m0) * (k64() / 4);
@@ -357,21 +358,6 @@ void permute_x4(const float* x, int m, int k, float* out) {
   }
 }
 
-// x [M, K] (K a multiple of 32) -> Problem::xi's order: 32-column block j of row r at
-// out + 32 * (j * M + r), each block in the weights' lane order (permute_x4's for 4 bits).
-// For M = 1 this is permute_x4's (or x's) own layout.
-void interleave_x(const float* x, int m, int k, bool permute4, float* out) {
-  for (int r = 0; r < m; ++r) {
-    for (int j = 0; j < k / 32; ++j) {
-      const float* from = x + static_cast<size_t>(r) * k + 32 * j;
-      float* to = out + static_cast<size_t>(32) * (static_cast<size_t>(j) * m + r);
-      for (int l = 0; l < 16; ++l) {
-        to[l] = permute4 ? from[2 * l] : from[l];
-        to[16 + l] = permute4 ? from[2 * l + 1] : from[16 + l];
-      }
-    }
-  }
-}
 
 // Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats (8 bits, dense;
 // 4 bits go by table, lookup_pair4).
@@ -428,6 +414,45 @@ AVX512_FN_ALWAYS void group16(const Problem& p, int n, int g, __m512& sc, __m512
 constexpr int kRegisterRows = 8;
 constexpr int kF32RegisterRows = 12;  // 24 accumulators, 2 weight vectors, the 4-bit table
 constexpr size_t kRegisterMaxXBytes = 64 * 1024;
+
+// m rows in the fewest parts of at most `most` rows, of balanced sizes (11 -> 11 for 12, 16
+// -> 8 + 8, 70 -> 24 + 23 + 23 for 32): {parts, rows per part but the last}.
+inline std::pair<int, int> balanced(int m, int most) {
+  const int parts = (m + most - 1) / most;
+  return {parts, (m + parts - 1) / parts};
+}
+
+// Calls f(m0, count) for each register group of the f32 AVX-512 windows of an M-row product,
+// in order: prompt rows in blocks of at most kTiledMaxRows (run_rows), each block in groups
+// of at most kF32RegisterRows (window_blocks).
+template <class F>
+void register_groups(int m, F f) {
+  const auto [blocks, per] = balanced(m, kTiledMaxRows);
+  for (int b0 = 0; b0 < m; b0 += per) {
+    const int rows = std::min(per, m - b0);
+    const auto [passes, group] = balanced(rows, kF32RegisterRows);
+    for (int g0 = 0; g0 < rows; g0 += group) f(b0 + g0, std::min(group, rows - g0));
+  }
+}
+
+// x [M, K] (K a multiple of 32) -> Problem::xi's order: the rows of each register group
+// (register_groups) [m0, m0 + G) at out + m0 * K, block j of row m0 + r at + 32 * (j * G + r),
+// each block in the weights' lane order (permute_x4's for 4 bits). For M = 1 this is
+// permute_x4's (or x's) own layout.
+void interleave_x(const float* x, int m, int k, bool permute4, float* out) {
+  register_groups(m, [&](int m0, int count) {
+    for (int r = 0; r < count; ++r) {
+      for (int j = 0; j < k / 32; ++j) {
+        const float* from = x + static_cast<size_t>(m0 + r) * k + 32 * j;
+        float* to = out + static_cast<size_t>(m0) * k + static_cast<size_t>(32) * (static_cast<size_t>(j) * count + r);
+        for (int l = 0; l < 16; ++l) {
+          to[l] = permute4 ? from[2 * l] : from[l];
+          to[16 + l] = permute4 ? from[2 * l + 1] : from[16 + l];
+        }
+      }
+    }
+  });
+}
 
 // The parameters of scale group g of weight rows n .. n + R: scale and bias, or for 4 bits
 // the group's table in `sc` (table16).
@@ -516,7 +541,7 @@ AVX512_FN_ALWAYS void rows_avx512_regs(const Problem& p, int n, int g0, int g1, 
   const int words = p.k * BITS / 32, groups = p.k / p.gs, pairs_per_group = p.gs / 32;
   // Walked by pointers: a chunk pair (32 weights) is BITS packed words; x's pair of this
   // register group's rows is one pointer for all M rows (Problem::xi).
-  const size_t pair_stride = static_cast<size_t>(32) * p.total_m;
+  constexpr size_t pair_stride = static_cast<size_t>(32) * M;
   const uint32_t* wp = p.w_row(n) + static_cast<size_t>(g0) * pairs_per_group * BITS;
   const float* xp = p.xi + pair_stride * (static_cast<size_t>(g0) * pairs_per_group);
   const bool prefetch = p.prefetch();
@@ -567,7 +592,7 @@ constexpr size_t kBlockXBytes = 24 * 1024;
 // `group_step` a block's multiple of groups.
 template <int MaxGroup = kRegisterRows, class Rows>
 void window_blocks(const Problem& p, int n0, int n1, size_t x_bytes, int group_step, int tile_rows, Rows rows) {
-  const int passes = (p.m + MaxGroup - 1) / MaxGroup, group = (p.m + passes - 1) / passes;
+  const auto [passes, group] = balanced(p.m, MaxGroup);
   const int groups = p.k / p.gs;
   const bool whole = p.m == 1 || static_cast<size_t>(group) * p.k * x_bytes <= kRegisterMaxXBytes;
   const size_t fit = kBlockXBytes / (static_cast<size_t>(group) * p.gs * x_bytes);
@@ -642,7 +667,7 @@ struct Avx512DenseTiles {
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1) {
   // Activation rows in as few register groups as fit, of balanced sizes (11 -> 11, 16 -> 8 + 8).
-  const int passes = (p.m + kF32RegisterRows - 1) / kF32RegisterRows, group = (p.m + passes - 1) / passes;
+  const auto [passes, group] = balanced(p.m, kF32RegisterRows);
   // Register groups over blocks of scale groups (window_blocks); a row's FMAs do not depend on
   // its register group or block. Dense weights are 4-8x the bytes of quantized ones: one pass
   // over them (the tiled path) beats one pass per register group.
@@ -1360,7 +1385,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     // the thread's weight rows (re-read per block, from L2) stream past it: 3-4x faster for
     // 512 rows than one pass of each weight row over all rows, which reads x from memory once
     // per weight row (`qmm_profile`). A row's FMAs do not depend on its block.
-    const int blocks = (p.m + kTiledMaxRows - 1) / kTiledMaxRows, per = (p.m + blocks - 1) / blocks;
+    const auto [blocks, per] = balanced(p.m, kTiledMaxRows);
     for (int m0 = 0; m0 < p.m; m0 += per) run_rows(p.rows(m0, std::min(per, p.m - m0)), n0, n1, level, precision);
     return;
   }
