@@ -121,6 +121,15 @@ struct Problem {
   const float* b_row(int n) const { return b + static_cast<size_t>(n) * groups(); }
 };
 
+// `buf` resized to hold `n` elements from its first 64-byte aligned one, which it returns
+// (the kernels' copies of x: a 64-byte load that straddles two cache lines costs two).
+template <typename T>
+T* aligned64(std::vector<T>& buf, size_t n) {
+  constexpr size_t kLanes = 64 / sizeof(T);
+  buf.resize(n + kLanes);
+  return buf.data() + (kLanes - reinterpret_cast<uintptr_t>(buf.data()) / sizeof(T) % kLanes) % kLanes;
+}
+
 // Software prefetch distance of the register kernels' weight streams. A decode step reads
 // every weight from memory (a model's weights do not fit in the caches), and the hardware
 // prefetcher alone left a one-token product of Qwen2.5-1.5B's 117 MB LM head at 16 GB/s;
@@ -357,7 +366,6 @@ void permute_x4(const float* x, int m, int k, float* out) {
     }
   }
 }
-
 
 // Weight chunks c and c + 1 (c even) of one row, each as its own 16 floats (8 bits, dense;
 // 4 bits go by table, lookup_pair4).
@@ -818,9 +826,8 @@ void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out) {
 template <int BITS>
 AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
   thread_local std::vector<float> panel_buf, rows;
-  panel_buf.resize(kGemmCols * kGemmDepth + 16);
+  float* panel = aligned64(panel_buf, kGemmCols * kGemmDepth);
   rows.resize(16 * kGemmDepth);
-  float* panel = panel_buf.data() + (16 - reinterpret_cast<uintptr_t>(panel_buf.data()) / sizeof(float) % 16) % 16;
   const size_t os = static_cast<size_t>(p.n), padded = gemm_padded_rows(p.m);
   for (int k0 = 0; k0 < p.k; k0 += kGemmDepth) {
     const int depth = std::min(kGemmDepth, p.k - k0);
@@ -1462,9 +1469,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   if (precision == kBf16) {
     // Activations rounded to bf16 once, in chunk-pair lane order, 64-byte aligned.
     thread_local std::vector<uint16_t> xb;
-    const size_t len = static_cast<size_t>(p0.m) * p0.k;
-    xb.resize(len + 32);
-    uint16_t* aligned = xb.data() + (32 - reinterpret_cast<uintptr_t>(xb.data()) / sizeof(uint16_t) % 32) % 32;
+    uint16_t* aligned = aligned64(xb, static_cast<size_t>(p0.m) * p0.k);
 #ifdef MLXSYS_X86
     if (bf16_vector(level)) prepare_bf16(p0.x, p0.m, p0.k, p0.bits, aligned);
     else
@@ -1477,11 +1482,9 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> xd, xs;
     const size_t k64 = static_cast<size_t>(p0.k64());
-    xq.resize(p0.m * k64 + 64);
-    xd.resize(p0.m * k64 / 4 + 16);
+    int8_t* q = aligned64(xq, p0.m * k64);
+    float* d = aligned64(xd, p0.m * k64 / 4);
     xs.resize(static_cast<size_t>(p0.m) * p0.groups());
-    int8_t* q = xq.data() + (64 - reinterpret_cast<uintptr_t>(xq.data()) % 64) % 64;
-    float* d = xd.data() + (16 - reinterpret_cast<uintptr_t>(xd.data()) / sizeof(float) % 16) % 16;
     // Rows go to the pool's threads: pass this thread's buffers, not the names of thread_locals.
     const bool vector = int8_vector(level);
     float* sums = xs.data();
@@ -1511,22 +1514,19 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   const size_t len = static_cast<size_t>(p0.m) * p0.k;
   if (windows && level == kAvx512) {
     // The register kernels' copy (Problem::xi).
-    x_blocks.resize(len + 16);
-    float* aligned = x_blocks.data() + (16 - reinterpret_cast<uintptr_t>(x_blocks.data()) / sizeof(float) % 16) % 16;
+    float* aligned = aligned64(x_blocks, len);
     interleave_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
     for (auto& p : ps) p.xi = aligned;
   }
   if (windows && (level == kAvx2 || (p0.bits == kDense && p0.m > 1))) {
     // The tiled paths' copy (AVX2 windows, dense weights' windows on AVX-512), rows as given.
-    x_copy.resize(len + 16);
-    float* aligned = x_copy.data() + (16 - reinterpret_cast<uintptr_t>(x_copy.data()) / sizeof(float) % 16) % 16;
+    float* aligned = aligned64(x_copy, len);
     std::memcpy(aligned, p0.x, len * sizeof(float));
     for (auto& p : ps) p.x = aligned;
   }
   if (uses_gemm(p0, level, precision)) {
     thread_local std::vector<float> xg;
-    xg.resize(gemm_padded_rows(p0.m) * p0.k + 16);
-    float* aligned = xg.data() + (16 - reinterpret_cast<uintptr_t>(xg.data()) / sizeof(float) % 16) % 16;
+    float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
     for (auto& p : ps) p.xg = aligned;
   }
