@@ -357,13 +357,14 @@ AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
   return _mm512_cvtepi32_ps(v);
 }
 
-// x [M, K] -> x' [M, K]: in each 32-block the even elements, then the odd ones.
+// The element of a 32-block of x that lane j of the block holds in the weights' lane order:
+// for 4 bits the even elements, then the odd ones (the chunk pairs above); else j itself.
+constexpr int lane_source(int j, bool permute4) { return !permute4 ? j : j < 16 ? 2 * j : 2 * (j - 16) + 1; }
+
+// x [M, K] -> x' [M, K]: each 32-block in the 4-bit lane order (lane_source).
 void permute_x4(const float* x, int m, int k, float* out) {
   for (size_t i = 0; i < static_cast<size_t>(m) * k; i += 32) {
-    for (int j = 0; j < 16; ++j) {
-      out[i + j] = x[i + 2 * j];
-      out[i + 16 + j] = x[i + 2 * j + 1];
-    }
+    for (int j = 0; j < 32; ++j) out[i + j] = x[i + lane_source(j, true)];
   }
 }
 
@@ -445,18 +446,15 @@ void register_groups(int m, F f) {
 
 // x [M, K] (K a multiple of 32) -> Problem::xi's order: the rows of each register group
 // (register_groups) [m0, m0 + G) at out + m0 * K, block j of row m0 + r at + 32 * (j * G + r),
-// each block in the weights' lane order (permute_x4's for 4 bits). For M = 1 this is
-// permute_x4's (or x's) own layout.
+// each block in the weights' lane order (lane_source). For M = 1 this is permute_x4's (or
+// x's) own layout.
 void interleave_x(const float* x, int m, int k, bool permute4, float* out) {
   register_groups(m, [&](int m0, int count) {
     for (int r = 0; r < count; ++r) {
       for (int j = 0; j < k / 32; ++j) {
         const float* from = x + static_cast<size_t>(m0 + r) * k + 32 * j;
         float* to = out + static_cast<size_t>(m0) * k + static_cast<size_t>(32) * (static_cast<size_t>(j) * count + r);
-        for (int l = 0; l < 16; ++l) {
-          to[l] = permute4 ? from[2 * l] : from[l];
-          to[16 + l] = permute4 ? from[2 * l + 1] : from[16 + l];
-        }
+        for (int l = 0; l < 32; ++l) to[l] = from[lane_source(l, permute4)];
       }
     }
   });
@@ -798,8 +796,8 @@ inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows
 
 // x [M, K] (as the caller passed it) -> the micro-kernel's order: per block of kGemmDepth
 // columns (at k0 * padded), per tile of kGemmRows rows (at m0 * depth), column by column the
-// tile's 12 values, rows past M zero, each 32-block in the weights' lane order (`permute4`:
-// permute_x4's, for 4 bits); `out` holds gemm_padded_rows(M) * K floats. The kernels' aligned
+// tile's 12 values, rows past M zero, each 32-block in the weights' lane order
+// (lane_source); `out` holds gemm_padded_rows(M) * K floats. The kernels' aligned
 // copy of x is not made for the GEMM: this is its only copy. One stream of broadcasts per
 // tile instead of 12 rows' (`qmm_profile 512`: within the noise of reading x in place on the
 // Xeon of 2026-12-05; it keeps one L1 stream per tile).
@@ -813,7 +811,7 @@ void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out) {
         const size_t r = m0 + i;
         for (int c = 0; c < depth; ++c) {
           // Lane c of its 32-block (k0 and depth are multiples of 32) holds element `from`.
-          const int j = c % 32, from = c - j + (!permute4 ? j : j < 16 ? 2 * j : 2 * (j - 16) + 1);
+          const int j = c % 32, from = c - j + lane_source(j, permute4);
           tile[kGemmRows * c + i] = r < static_cast<size_t>(m) ? x[r * k + k0 + from] : 0.f;
         }
       }
