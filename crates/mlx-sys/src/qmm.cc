@@ -672,7 +672,8 @@ struct Avx512DenseTiles {
 // Output rows [n0, n1) for M <= kTiledMaxRows activation rows (run_rows splits longer inputs).
 template <int BITS>
 void rows_avx512(const Problem& p, int n0, int n1) {
-  // Activation rows in as few register groups as fit, of balanced sizes (11 -> 11, 16 -> 8 + 8).
+  // Activation rows in as few register groups as fit, of balanced sizes (11 -> 11, 16 -> 8 + 8);
+  // interleave_x packed Problem::xi by this split (register_groups): change both together.
   const auto [passes, group] = balanced(p.m, kF32RegisterRows);
   // Register groups over blocks of scale groups (window_blocks); a row's FMAs do not depend on
   // its register group or block. Dense weights are 4-8x the bytes of quantized ones: one pass
@@ -1389,7 +1390,8 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     // 16 x 32), each a window on the register or tiled paths, whose x stays in L1/L2 while
     // the thread's weight rows (re-read per block, from L2) stream past it: 3-4x faster for
     // 512 rows than one pass of each weight row over all rows, which reads x from memory once
-    // per weight row (`qmm_profile`). A row's FMAs do not depend on its block.
+    // per weight row (`qmm_profile`). A row's FMAs do not depend on its block. Problem::xi
+    // was packed by this split (register_groups): change both together.
     const auto [blocks, per] = balanced(p.m, kTiledMaxRows);
     for (int m0 = 0; m0 < p.m; m0 += per) run_rows(p.rows(m0, std::min(per, p.m - m0)), n0, n1, level, precision);
     return;
