@@ -801,22 +801,34 @@ inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows
 // (lane_source); `out` holds gemm_padded_rows(M) * K floats. The kernels' aligned
 // copy of x is not made for the GEMM: this is its only copy. One stream of broadcasts per
 // tile instead of 12 rows' (`qmm_profile 512`: within the noise of reading x in place on the
-// Xeon of 2026-12-05; it keeps one L1 stream per tile).
-void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out) {
+// Xeon of 2026-12-05; it keeps one L1 stream per tile). The blocks of kGemmDepth columns are
+// split over the pool (`threads` as compute() has them): on the calling thread alone this
+// copy was ~2.5% of a Qwen 1.5B prefill's samples while the other core waited.
+void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out, int threads) {
   const size_t padded = gemm_padded_rows(m);
-  for (int k0 = 0; k0 < k; k0 += kGemmDepth) {
-    const int depth = std::min(kGemmDepth, k - k0);
+  int from[32];  // lane j of a 32-block holds element from[j] of the block
+  for (int j = 0; j < 32; ++j) from[j] = lane_source(j, permute4);
+  auto block = [&](int b) {
+    const int k0 = b * kGemmDepth, depth = std::min(kGemmDepth, k - k0);  // k0, depth multiples of 32
     for (size_t m0 = 0; m0 < padded; m0 += kGemmRows) {
       float* tile = out + static_cast<size_t>(k0) * padded + m0 * depth;
       for (int i = 0; i < kGemmRows; ++i) {
         const size_t r = m0 + i;
-        for (int c = 0; c < depth; ++c) {
-          // Lane c of its 32-block (k0 and depth are multiples of 32) holds element `from`.
-          const int j = c % 32, from = c - j + lane_source(j, permute4);
-          tile[kGemmRows * c + i] = r < static_cast<size_t>(m) ? x[r * k + k0 + from] : 0.f;
+        if (r >= static_cast<size_t>(m)) {
+          for (int c = 0; c < depth; ++c) tile[kGemmRows * c + i] = 0.f;
+          continue;
         }
+        const float* row = x + r * k + k0;
+        for (int c0 = 0; c0 < depth; c0 += 32)
+          for (int j = 0; j < 32; ++j) tile[kGemmRows * (c0 + j) + i] = row[c0 + from[j]];
       }
     }
+  };
+  const int blocks = (k + kGemmDepth - 1) / kGemmDepth;
+  if (threads != 1 && blocks > 1) {
+    Pool::get().run(blocks, block, Pool::Linger::kLong, threads);
+  } else {
+    for (int b = 0; b < blocks; ++b) block(b);
   }
 }
 
@@ -1527,7 +1539,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   if (uses_gemm(p0, level, precision)) {
     thread_local std::vector<float> xg;
     float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
-    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
+    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
   }
 #endif
@@ -1553,13 +1565,16 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
 void kernels::products(const float* x, int m, int k, const std::vector<Matrix>& mats, const std::vector<float*>& outs,
                        bool swiglu, int gs, int bits, int max_isa, int precision, int threads) {
   if (m <= 0 || k <= 0) return;
-  // SwiGLU: gate and up go to scratch rows, their combination to outs[0].
-  std::vector<std::vector<float>> scratch(swiglu ? 2 : 0);
+  // SwiGLU: gate and up go to scratch rows, their combination to outs[0]. The scratch is the
+  // calling thread's and kept between calls: a prompt chunk's gate and up (18 MB each for
+  // 512 x 8960) were allocated, zeroed and page-faulted on every call, on one thread.
+  thread_local std::vector<float> scratch[2];
   std::vector<Problem> ps;
   for (size_t j = 0; j < mats.size(); ++j) {
     float* out;
     if (swiglu) {
-      scratch[j].resize(static_cast<size_t>(m) * mats[j].n);
+      const size_t len = static_cast<size_t>(m) * mats[j].n;
+      if (scratch[j].size() < len) scratch[j].resize(len);
       out = scratch[j].data();
     } else {
       out = outs[j];
