@@ -138,6 +138,20 @@ fn decode_shapes_match_mlx() {
     }
 }
 
+/// The AVX-512 path's tiles of 12 query rows (values_tile512 in `attn.cc`: a KV head's rows of a
+/// window or prompt chunk, 12 at a time, with rows left over and rows that see one key more
+/// than the tile): each row equals that query alone bit for bit, and MLX within tolerance.
+#[test]
+fn value_tiles_keep_single_query_bits() {
+    for (hkv, group, d) in [(3, 3, 64), (2, 6, 128)] {
+        for (lq, extra_keys) in [(4, 90), (11, 500), (33, 1050), (70, 20)] {
+            let c = Case { b: 1, hkv, group, lq, extra_keys, d, dv: d, causal: true, strided_kv: true, seed: 5 };
+            check_rows_exact(&c).unwrap();
+            check(&c).unwrap();
+        }
+    }
+}
+
 /// `fast::scaled_dot_product_attention` takes the fused path for windows and prompt chunks
 /// without an explicit mask, and MLX's path for explicit masks and other dtypes.
 #[test]
