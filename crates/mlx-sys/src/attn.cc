@@ -182,7 +182,6 @@ constexpr int kValueTileRows = 12;
 struct Avx2Attn {
   static constexpr int kScoreStep = 8;
   static constexpr bool kValueTiles = false;
-  static void values_tile(const AttnProblem&, int, int, const float* const*, int, int, float* const*, float*) {}
 
   static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr,
                              bool lead, int last) {
@@ -432,18 +431,20 @@ void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_be
   for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
     auto end = [&](int r) { return std::max(j0, std::min(j0 + kKeyBlock, row_end(r))); };
     int r = 0;
-    for (; Isa::kValueTiles && r + kValueTileRows <= rows.count(); r += kValueTileRows) {
-      const float* sr[kValueTileRows];
-      float* a[kValueTileRows];
-      int all = j0 + kKeyBlock;
-      for (int i = 0; i < kValueTileRows; ++i) {
-        sr[i] = scores_of(r + i);
-        a[i] = part + (r + i) * part_stride;
-        all = std::min(all, end(r + i));
-      }
-      Isa::values_tile(p, b, kvh, sr, j0, all, a, w.data());
-      for (int i = 0; i < kValueTileRows; ++i) {
-        if (all < end(r + i)) Isa::values(p, b, kvh, sr[i], all, end(r + i), a[i], false, last);
+    if constexpr (Isa::kValueTiles) {
+      for (; r + kValueTileRows <= rows.count(); r += kValueTileRows) {
+        const float* sr[kValueTileRows];
+        float* a[kValueTileRows];
+        int all = j0 + kKeyBlock;
+        for (int i = 0; i < kValueTileRows; ++i) {
+          sr[i] = scores_of(r + i);
+          a[i] = part + (r + i) * part_stride;
+          all = std::min(all, end(r + i));
+        }
+        Isa::values_tile(p, b, kvh, sr, j0, all, a, w.data());
+        for (int i = 0; i < kValueTileRows; ++i) {
+          if (all < end(r + i)) Isa::values(p, b, kvh, sr[i], all, end(r + i), a[i], false, last);
+        }
       }
     }
     for (; r + 2 <= rows.count(); r += 2) {
