@@ -169,6 +169,9 @@ AVX2_FN_ALWAYS void prefetch_rows(const View4& view, int b, int h, int j, int n,
   }
 }
 
+// Query rows per tile of the tiled value loop (Isa::values_tile; Isa::kValueTiles).
+constexpr int kValueTileRows = 12;
+
 // The AVX2 kernel's two inner loops, over keys [j0, j1) of one query row: its scores into
 // `sr` (indexed by key), and its weighted values into the accumulators `a` (Dv floats). D, Dv
 // multiples of 8. Scores: one dot product per key (two accumulators over D), 8 keys at a
@@ -176,9 +179,6 @@ AVX2_FN_ALWAYS void prefetch_rows(const View4& view, int b, int h, int j, int n,
 // time), the rest one by one. Values: the products summed key by key, Dv in chunks of up to
 // 8 vectors kept in registers. `lead` (the first row of a task) prefetches the next block's
 // keys or values up to `last`.
-// Query rows per tile of the tiled value loop (Isa::values_tile; Isa::kValueTiles).
-constexpr int kValueTileRows = 12;
-
 struct Avx2Attn {
   static constexpr int kScoreStep = 8;
   static constexpr bool kValueTiles = false;
