@@ -228,7 +228,7 @@ struct Avx2Attn {
 // D / 16 vectors stay in registers and each key's dot product is one chain of FMAs over them,
 // 16 keys at a time reduced together (hsum16x16); the last keys of a row go in a group of 16
 // padded with zeros (their lanes do not touch the real keys' sums). Values: tiles of 12 rows
-// (values_tile512), then two rows at a time share each value row's loads and keep twice the
+// (values_tile), then two rows at a time share each value row's loads and keep twice the
 // FMA chains in flight (one row's D / 16 chains wait on the FMA latency); each row still sums
 // its keys in order.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
@@ -298,49 +298,44 @@ AVX512_FN void values512(const AttnProblem& p, int b, int kvh, const float* cons
     _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) _mm512_storeu_ps(a[r] + 16 * c, ac[r][c]);
 }
 
-// Weighted values of keys [j0, j1) for kValueTileRows query rows at once (scores sr[r] by key
-// index, accumulators a[r]), as the prompt GEMM's micro-kernel (qmm.cc, gemm_tile) runs: the
-// rows' weights packed key by key into `w` ([key][12]), then per 32 columns of Dv a 12 x 32
-// tile of accumulators in 24 registers, fed per key by two value loads and 12 broadcasts (14
-// loads per 24 FMAs; values512 with two rows: 10 per 16). Each accumulator starts from the
-// row's partial sum and adds the keys in order, one FMA each: values512's bits.
-AVX512_FN void values_tile512(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
-                              float* const* a, float* w) {
-  constexpr int R = kValueTileRows;
-  const int n = j1 - j0;
-  for (int j = 0; j < n; ++j)
-    for (int r = 0; r < R; ++r) w[j * R + r] = sr[r][j0 + j];
-  const int64_t vs = p.v.sl;
-  for (int c0 = 0; c0 < p.dv; c0 += 32) {
-    __m512 acc[R][2];
-    _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
-      acc[r][0] = _mm512_loadu_ps(a[r] + c0);
-      acc[r][1] = _mm512_loadu_ps(a[r] + c0 + 16);
-    }
-    const float* vr = p.v.row(b, kvh, j0) + c0;
-    const float* wj = w;
-    _Pragma("GCC unroll 2") for (int j = 0; j < n; ++j, vr += vs, wj += R) {
-      const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
-      _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(wj[r]);
-        acc[r][0] = _mm512_fmadd_ps(x, v0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(x, v1, acc[r][1]);
-      }
-    }
-    _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
-      _mm512_storeu_ps(a[r] + c0, acc[r][0]);
-      _mm512_storeu_ps(a[r] + c0 + 16, acc[r][1]);
-    }
-  }
-}
-
 struct Avx512Attn {
   static constexpr int kScoreStep = 16;
   static constexpr bool kValueTiles = true;
 
-  static void values_tile(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
-                          float* const* a, float* w) {
-    values_tile512(p, b, kvh, sr, j0, j1, a, w);
+  // Weighted values of keys [j0, j1) for kValueTileRows query rows at once (scores sr[r] by key
+  // index, accumulators a[r]), as the prompt GEMM's micro-kernel (qmm.cc, gemm_tile) runs: the
+  // rows' weights packed key by key into `w` ([key][12]), then per 32 columns of Dv a 12 x 32
+  // tile of accumulators in 24 registers, fed per key by two value loads and 12 broadcasts (14
+  // loads per 24 FMAs; values512 with two rows: 10 per 16). Each accumulator starts from the
+  // row's partial sum and adds the keys in order, one FMA each: values512's bits.
+  static AVX512_FN void values_tile(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
+                                    float* const* a, float* w) {
+    constexpr int R = kValueTileRows;
+    const int n = j1 - j0;
+    for (int j = 0; j < n; ++j)
+      for (int r = 0; r < R; ++r) w[j * R + r] = sr[r][j0 + j];
+    const int64_t vs = p.v.sl;
+    for (int c0 = 0; c0 < p.dv; c0 += 32) {
+      __m512 acc[R][2];
+      _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
+        acc[r][0] = _mm512_loadu_ps(a[r] + c0);
+        acc[r][1] = _mm512_loadu_ps(a[r] + c0 + 16);
+      }
+      const float* vr = p.v.row(b, kvh, j0) + c0;
+      const float* wj = w;
+      _Pragma("GCC unroll 2") for (int j = 0; j < n; ++j, vr += vs, wj += R) {
+        const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
+          const __m512 x = _mm512_set1_ps(wj[r]);
+          acc[r][0] = _mm512_fmadd_ps(x, v0, acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(x, v1, acc[r][1]);
+        }
+      }
+      _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(a[r] + c0, acc[r][0]);
+        _mm512_storeu_ps(a[r] + c0 + 16, acc[r][1]);
+      }
+    }
   }
 
   static bool fits(const AttnProblem& p) { return (p.d == 64 || p.d == 128) && p.dv == p.d; }
@@ -427,11 +422,11 @@ void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_be
   // Values in tiles of kValueTileRows rows where the Isa has them (over the keys all rows of
   // the tile see, then each row alone over the rest), then two rows at a time
   // (Isa::values2), an odd row alone.
-  thread_local std::vector<float> w(kKeyBlock * kValueTileRows);
   for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
     auto end = [&](int r) { return std::max(j0, std::min(j0 + kKeyBlock, row_end(r))); };
     int r = 0;
     if constexpr (Isa::kValueTiles) {
+      thread_local std::vector<float> w(kKeyBlock * kValueTileRows);
       for (; r + kValueTileRows <= rows.count(); r += kValueTileRows) {
         const float* sr[kValueTileRows];
         float* a[kValueTileRows];

@@ -824,12 +824,7 @@ void gemm_pack_x(const float* x, int m, int k, bool permute4, float* out, int th
       }
     }
   };
-  const int blocks = (k + kGemmDepth - 1) / kGemmDepth;
-  if (threads != 1 && blocks > 1) {
-    Pool::get().run(blocks, block, Pool::Linger::kLong, threads);
-  } else {
-    for (int b = 0; b < blocks; ++b) block(b);
-  }
+  Pool::get().run((k + kGemmDepth - 1) / kGemmDepth, block, Pool::Linger::kLong, threads);
 }
 
 // Output rows [n0, n1) of a prompt chunk: per block of kGemmDepth columns of K (whose x, all
