@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace mlx::core {
@@ -23,6 +24,12 @@ namespace mlxsys::kernels {
 const float* contiguous_f32(const mlx::core::array& a, std::vector<float>& tmp);
 const uint32_t* contiguous_u32(const mlx::core::array& a, std::vector<uint32_t>& tmp);
 
+// The data of each of a node's inputs, taken in `eval_cpu` (the task's own copies of the
+// inputs do not own their data), and Matrix::owner for weights `w` (one of them): their
+// data, or empty when `w` is a view (its rows are then a per-call copy).
+std::vector<std::weak_ptr<const void>> owners(const std::vector<mlx::core::array>& inputs);
+std::weak_ptr<const void> owner(const mlx::core::array& w, const std::weak_ptr<const void>& data);
+
 // --- products (qmm.cc) -----------------------------------------------------------------
 
 // Bits of a dense float32 weight (`Matrix::w` holds the floats' bits, no scales or biases).
@@ -33,12 +40,16 @@ constexpr int weight_inputs(int bits) { return bits == kDenseBits ? 1 : 3; }
 
 // One weight matrix of a product: packed 4- or 8-bit rows `w [N, K * bits / 32]` with float32
 // `s`, `b [N, K / gs]` (MLX's affine format), or dense float32 rows `[N, K]` (bits
-// kDenseBits; `s`, `b` null). Row-contiguous.
+// kDenseBits; `s`, `b` null). Row-contiguous. `owner`: the MLX data that `w` points into
+// when `w` is that array's own row-contiguous storage (empty for a copy): it keys the
+// repacked copy of the weights that f32 products on AVX-512 read (qmm.cc, "Panel layout"),
+// and its expiry says when that copy is stale.
 struct Matrix {
   const uint32_t* w;
   const float* s;
   const float* b;
   int n;
+  std::weak_ptr<const void> owner = {};
 };
 
 // outs[j] [M, N_j] = x [M, K] @ W_j^T for every matrix (one bits and group size), or with
@@ -46,7 +57,9 @@ struct Matrix {
 // `max_isa` caps the instruction set (0 portable, 1 AVX2 + FMA, 2 AVX-512F), `precision` is
 // 0 f32, 1 bf16, 2 int8, `threads` > 0 overrides the pool's count. A row's result does not
 // depend on M, except that in f32 precision on AVX-512 products of more than 256 rows
-// (kWindowMaxRows: prompt chunks) take a GEMM with another summation order (qmm.cc).
+// (kWindowMaxRows: prompt chunks) take a GEMM with another summation order (qmm.cc). The
+// first f32 product of a 4-bit matrix with an `owner` on AVX-512 repacks it (qmm.cc,
+// "Panel layout"; kept until the owner's data is freed).
 void products(const float* x, int m, int k, const std::vector<Matrix>& mats, const std::vector<float*>& outs,
               bool swiglu, int gs, int bits, int max_isa, int precision, int threads);
 

@@ -50,9 +50,10 @@ namespace {
 std::atomic<uint64_t> g_layer_calls{0};
 
 using kernels::weight_inputs;
+using Owners = std::vector<std::weak_ptr<const void>>;
 
 // Registers the inputs and the outputs with the stream's encoder and runs `fn(inputs,
-// outputs)` on the stream thread. Output i takes over input donors[i]'s buffer when
+// outputs, owners)` on the stream thread (owners: kernels::owners of the inputs). Output i takes over input donors[i]'s buffer when
 // donors[i] >= 0 (fn sees equal data pointers), else gets a fresh one.
 template <class Fn>
 void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn,
@@ -74,8 +75,8 @@ void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vect
     enc.set_output_array(out);
     outs.push_back(mx::array::unsafe_weak_copy(out));
   }
-  enc.dispatch([ins = std::move(ins), outs = std::move(outs), fn]() mutable {
-    fn(ins, outs);
+  enc.dispatch([ins = std::move(ins), outs = std::move(outs), owners = kernels::owners(inputs), fn]() mutable {
+    fn(ins, outs, owners);
     g_layer_calls.fetch_add(1, std::memory_order_relaxed);
   });
 }
@@ -87,7 +88,7 @@ struct Weights {
   std::vector<std::vector<uint32_t>> tmp_w;
   std::vector<std::vector<float>> tmp_f;
 
-  Weights(const std::vector<mx::array>& in, size_t at, int count, int bits)
+  Weights(const std::vector<mx::array>& in, const Owners& owners, size_t at, int count, int bits)
       : tmp_w(count), tmp_f(3 * static_cast<size_t>(count)) {
     const int per = weight_inputs(bits);
     for (int j = 0; j < count; ++j) {
@@ -97,7 +98,8 @@ struct Weights {
         mats.push_back({reinterpret_cast<const uint32_t*>(f), nullptr, nullptr, w.shape(0)});
       } else {
         mats.push_back({kernels::contiguous_u32(w, tmp_w[j]), kernels::contiguous_f32(in[at + per * j + 1], tmp_f[3 * j + 1]),
-                        kernels::contiguous_f32(in[at + per * j + 2], tmp_f[3 * j + 2]), w.shape(0)});
+                        kernels::contiguous_f32(in[at + per * j + 2], tmp_f[3 * j + 2]), w.shape(0),
+                        kernels::owner(w, owners[at + per * j])});
       }
     }
   }
@@ -121,7 +123,7 @@ void add_bias(float* y, const float* bias, int m, int n) {
 // The first half of the layer: q [B, Hq, L, D], k and v [B, Hkv, L, D] (contiguous, into
 // out[0..3]) for the LayerInCpu inputs at the front of `in` (x, norm, q/k/v weights, then
 // the optional biases, q/k norms and RoPE freqs), the first row at position p.offset.
-void attention_in(const LayerParams& p, const std::vector<mx::array>& in, float* const out[3]) {
+void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const Owners& owners, float* const out[3]) {
   const mx::array& x = in[0];
   const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim;
   const int nh[3] = {p.n_heads, p.n_kv_heads, p.n_kv_heads};
@@ -132,7 +134,7 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, float*
   for (int r = 0; r < m; ++r) {
     kernels::rms_norm_row(xs + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1, xn.data() + static_cast<size_t>(r) * h);
   }
-  const Weights w(in, 2, 3, p.bits);
+  const Weights w(in, owners, 2, 3, p.bits);
   for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
   run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
   size_t at = 2 + 3 * weight_inputs(p.bits);
@@ -181,7 +183,8 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, float*
 // q [B, Hq, L, D] and the first t keys and values [B, Hkv, t, D], with the o weights, its
 // bias when has_o_bias, the post-attention norm and the gate, up and down weights at
 // in[o_at ...] (LayerOutCpu's order).
-void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const mx::array& x, const kernels::View4& q,
+void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const Owners& owners, const mx::array& x,
+                   const kernels::View4& q,
                    const kernels::View4& k, const kernels::View4& v, int t, size_t o_at, float* y) {
   const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim, hq = p.n_heads;
   const int qd = hq * d;
@@ -200,7 +203,7 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   }
   const int per = weight_inputs(p.bits);
   const size_t norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
-  const Weights wo(in, o_at, 1, p.bits), wm(in, mlp_at, 3, p.bits);
+  const Weights wo(in, owners, o_at, 1, p.bits), wm(in, owners, mlp_at, 3, p.bits);
   o.resize(static_cast<size_t>(m) * h);
   run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false);
   if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
@@ -229,9 +232,9 @@ class LayerInCpu : public mx::Primitive {
   LayerInCpu(mx::Stream stream, LayerParams p) : mx::Primitive(stream), p_(p) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out, const Owners& owners) {
       float* const qkv[3] = {out[0].data<float>(), out[1].data<float>(), out[2].data<float>()};
-      attention_in(p, in, qkv);
+      attention_in(p, in, owners, qkv);
     });
   }
 
@@ -263,10 +266,10 @@ class LayerOutCpu : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     std::vector<mx::array> outputs{output};
-    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out, const Owners& owners) {
       thread_local std::vector<float> qt, kt, vt;
       const kernels::View4 q = kernels::view4(in[1], qt), k = kernels::view4(in[2], kt), v = kernels::view4(in[3], vt);
-      attention_out(p, in, in[0], q, k, v, in[2].shape(2), 4, out[0].data<float>());
+      attention_out(p, in, owners, in[0], q, k, v, in[2].shape(2), 4, out[0].data<float>());
     });
   }
 
@@ -296,7 +299,7 @@ class LayerCpu : public mx::Primitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const int kv_at = static_cast<int>(n_in_);
-    auto fn = [p = p_, kv_at](std::vector<mx::array>& in, std::vector<mx::array>& out) {
+    auto fn = [p = p_, kv_at](std::vector<mx::array>& in, std::vector<mx::array>& out, const Owners& owners) {
       const mx::array& x = in[0];
       const int b = x.shape(0), l = x.shape(1), hkv = p.n_kv_heads, d = p.head_dim, prev = p.offset;
       const int cap = out[1].shape(2);
@@ -305,7 +308,7 @@ class LayerCpu : public mx::Primitive {
       kn.resize(static_cast<size_t>(b) * hkv * l * d);
       vn.resize(kn.size());
       float* const qkv[3] = {q.data(), kn.data(), vn.data()};
-      attention_in(p, in, qkv);
+      attention_in(p, in, owners, qkv);
       const kernels::View4 q_view{q.data(), static_cast<int64_t>(p.n_heads) * l * d, static_cast<int64_t>(l) * d, d};
       kernels::View4 cache[2];
       for (int j = 0; j < 2; ++j) {
@@ -331,7 +334,7 @@ class LayerCpu : public mx::Primitive {
         }
         cache[j] = {buf, static_cast<int64_t>(hkv) * cap * d, static_cast<int64_t>(cap) * d, d};
       }
-      attention_out(p, in, x, q_view, cache[0], cache[1], prev + l, kv_at + 2, out[0].data<float>());
+      attention_out(p, in, owners, x, q_view, cache[0], cache[1], prev + l, kv_at + 2, out[0].data<float>());
     };
     // In place only when the caller says nothing else reads the buffers (p.in_place: MLX's
     // own donation test never passes here, as each of a node's outputs holds its inputs)

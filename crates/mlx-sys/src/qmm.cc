@@ -40,9 +40,12 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 namespace mlxsys {
 namespace mx = mlx::core;
@@ -67,6 +70,8 @@ constexpr int kPrefetchMaxRows = 16;
 // products went to BLAS before the GEMM, and still do off AVX-512).
 constexpr int kWindowMaxRows = 256;
 constexpr int kDenseWindowMaxRows = 32;
+
+struct Panels;
 
 struct Problem {
   const float* x;
@@ -96,6 +101,10 @@ struct Problem {
   // loads are one pointer plus constants: the group of rows [m0, m0 + M) at xi + m0 * K, its
   // block j of row m0 + r at + 32 * (j * M + r).
   const float* xi = nullptr;
+  // 4-bit weights in f32 precision on AVX-512, at most kWindowMaxRows rows: the matrix
+  // repacked into panels of 32 features (rows_panels reads it instead of w, s, b); x then in
+  // Problem::xg's order when M > 1.
+  const Panels* panels = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
@@ -129,6 +138,128 @@ T* aligned64(std::vector<T>& buf, size_t n) {
   buf.resize(n + kLanes);
   return buf.data() + (kLanes - reinterpret_cast<uintptr_t>(buf.data()) / sizeof(T) % kLanes) % kLanes;
 }
+
+// ---------------------------------------------------------------------------------------
+// Panel layout: a 4- or 8-bit matrix repacked for the broadcast form of the product
+// (rows_panels), in panels of kPanelCols = 32 output features. Panel q holds features
+// [32q, 32q + 32) as K / 4 quads of columns, 16 * bits bytes each:
+//   4 bits: quad i is 16 words, and nibble e (bits [4e, 4e + 4)) of word j is the weight of
+//      feature 32q + j + 16 (e % 2) at column 4i + e / 2, so a shift by 4 (2 kk + h) puts the
+//      weights of column 4i + kk, features 16h .. 16h + 15, in the low nibbles of the 16
+//      lanes (`vpermps` reads only an index's low 4 bits);
+//   8 bits: byte 32 kk + l of quad i is the weight of feature 32q + l at column 4i + kk;
+//   s, b: K / gs groups of 32 floats, the scales and biases of the panel's features.
+// 16 weights of one column then take one shift and one permute (8 bits: one widening load
+// and one conversion) and one FMA (the affine dequantization, the same values as MLX's), and
+// each is multiplied with one broadcast activation: no horizontal reduction, and the
+// weights of consecutive columns are consecutive in memory (one long stream per panel where
+// the row kernels read 2 rows of K * bits / 8 bytes). Built once per matrix from MLX's rows
+// (build_panels) and kept with the matrix's data (PanelCache).
+constexpr int kPanelCols = 32;
+
+struct Panels {
+  int n, k, gs;
+  std::vector<uint8_t> w_buf;
+  std::vector<float> s_buf, b_buf;
+  const uint8_t* w = nullptr;
+  const float* s = nullptr;
+  const float* b = nullptr;
+  int bits;
+  size_t quad_bytes() const { return static_cast<size_t>(16) * bits; }
+  const uint8_t* panel_w(int q) const { return w + static_cast<size_t>(q) * (k / 4) * quad_bytes(); }
+  const float* panel_s(int q) const { return s + static_cast<size_t>(q) * (k / gs) * kPanelCols; }
+  const float* panel_b(int q) const { return b + static_cast<size_t>(q) * (k / gs) * kPanelCols; }
+};
+
+// Whether a matrix of `n` features, `k` columns and group size `gs` can be repacked.
+bool panel_shape(int bits, int n, int k, int gs) {
+  return (bits == 4 || bits == 8) && n > 0 && n % kPanelCols == 0 && gs % 4 == 0 && k % gs == 0 && 256 % gs == 0;
+}
+
+// MLX's rows (w [N, K * bits / 32] words, s, b [N, K / gs]) -> the panel layout, panels
+// split over the pool.
+std::unique_ptr<Panels> build_panels(const uint32_t* w, const float* s, const float* b, int n, int k, int gs,
+                                     int bits, int threads) {
+  auto out = std::make_unique<Panels>();
+  out->n = n;
+  out->k = k;
+  out->gs = gs;
+  out->bits = bits;
+  const size_t groups = static_cast<size_t>(k / gs), words = static_cast<size_t>(k) * bits / 32;
+  const int per_word = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  // Weight (f, c) of MLX's rows.
+  auto at = [&](size_t f, int c) { return (w[f * words + c / per_word] >> (bits * (c % per_word))) & mask; };
+  out->w = aligned64(out->w_buf, static_cast<size_t>(n) * k * bits / 8);
+  out->s = aligned64(out->s_buf, static_cast<size_t>(n) * groups);
+  out->b = aligned64(out->b_buf, static_cast<size_t>(n) * groups);
+  float *ps = const_cast<float*>(out->s), *pb = const_cast<float*>(out->b);
+  auto panel = [&](int q) {
+    uint8_t* quad = const_cast<uint8_t*>(out->panel_w(q));
+    const size_t f0 = static_cast<size_t>(kPanelCols) * q;
+    for (int i = 0; i < k / 4; ++i, quad += out->quad_bytes()) {
+      if (bits == 8) {
+        for (int kk = 0; kk < 4; ++kk)
+          for (int l = 0; l < kPanelCols; ++l) quad[kPanelCols * kk + l] = static_cast<uint8_t>(at(f0 + l, 4 * i + kk));
+        continue;
+      }
+      for (int j = 0; j < 16; ++j) {
+        uint32_t word = 0;
+        for (int e = 0; e < 8; ++e) word |= at(f0 + j + 16 * (e % 2), 4 * i + e / 2) << (4 * e);
+        std::memcpy(quad + 4 * j, &word, 4);
+      }
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      for (int l = 0; l < kPanelCols; ++l) {
+        const size_t f = static_cast<size_t>(kPanelCols) * q + l, at = (q * groups + g) * kPanelCols + l;
+        ps[at] = s[f * groups + g];
+        pb[at] = b[f * groups + g];
+      }
+    }
+  };
+  Pool::get().run(n / kPanelCols, panel, Pool::Linger::kShort, threads);
+  return out;
+}
+
+// The panels of every matrix that products have repacked, keyed by the weights' address and
+// shape and valid while the MLX data that holds them lives (Matrix::owner): a new matrix
+// allocated where a freed one was is repacked anew. Expired entries are dropped when a
+// matrix is added. Weights stay in MLX's rows too (the other kernels, precisions and
+// instruction sets read those).
+class PanelCache {
+ public:
+  static PanelCache& get() {
+    static PanelCache* cache = new PanelCache();  // never destroyed, as the pool
+    return *cache;
+  }
+
+  // The panels of `m` (K columns, group size gs), repacked on first use; null when `m` has no
+  // owner (a copy of a view) or its owner is gone.
+  const Panels* find(const kernels::Matrix& m, int k, int gs, int bits, int threads) {
+    if (m.owner.expired()) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(m.w);
+    if (it != map_.end() && !it->second.owner.expired() && !it->second.owner.owner_before(m.owner) &&
+        !m.owner.owner_before(it->second.owner) && it->second.panels->n == m.n && it->second.panels->k == k &&
+        it->second.panels->gs == gs && it->second.panels->bits == bits) {
+      return it->second.panels.get();
+    }
+    for (auto e = map_.begin(); e != map_.end();) e = e->second.owner.expired() ? map_.erase(e) : std::next(e);
+    Entry entry{m.owner, build_panels(m.w, m.s, m.b, m.n, k, gs, bits, threads)};
+    const Panels* panels = entry.panels.get();
+    map_[m.w] = std::move(entry);
+    return panels;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<const void> owner;
+    std::unique_ptr<Panels> panels;
+  };
+  std::mutex mu_;
+  std::unordered_map<const void*, Entry> map_;
+};
+
 
 // Software prefetch distance of the register kernels' weight streams. A decode step reads
 // every weight from memory (a model's weights do not fit in the caches), and the hardware
@@ -852,6 +983,108 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Products on the panel layout (f32 precision, AVX-512F, 4-bit matrices with panels, at most
+// kWindowMaxRows rows: one-token steps, verify windows, batched steps, short prompts). Per
+// output element one sequential FMA chain over k = 0 .. K - 1 from zero,
+//   acc = fma(x[m, k], scale * q + bias, acc),
+// whatever M: a row has the same bits in any window. The broadcast form of the prompt GEMM's
+// micro-kernel, with the weights dequantized in registers from the panel instead of a packed
+// f32 copy: per column the 32 weights of a panel cost two shifts, two permutes and two FMAs,
+// and each activation row two FMAs on one broadcast (a tile of 12 rows keeps 24
+// accumulators). One-token steps run 4 panels at a time (8 independent chains). Standalone
+// loops, one core, weights streamed from memory (`docs/measurements/2026-12-05-panels/`):
+// 11 rows 69-74 G multiply-adds a second against 58-63 for the row kernel on SmolLM2's
+// 1536 x 576 and 73-74 against 40 on Qwen's 8960 x 1536.
+
+// Prefetch distance of a panel's weight stream.
+constexpr int kPanelPrefetchBytes = 1024;
+
+// out[m, 32 (q0 + p) + j] for p < P, m < M: the chains of P panels from q0 for M activation
+// rows, the activation of row m at column k0 + c at x_at(k0)[XS * c + m] (k0 a multiple of
+// kGemmDepth).
+template <int BITS, int P, int M, int XS, class XAt>
+AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, XAt x_at, float* out, size_t os) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int quads = pn.gs / 4;
+  __m512 acc[P][M][2];
+  _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
+    _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) acc[p][m][0] = acc[p][m][1] = _mm512_setzero_ps();
+  const uint8_t* wp[P];
+  const float *sp[P], *bp[P];
+  _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+    wp[p] = pn.panel_w(q0 + p);
+    sp[p] = pn.panel_s(q0 + p);
+    bp[p] = pn.panel_b(q0 + p);
+  }
+  for (int k0 = 0; k0 < pn.k; k0 += kGemmDepth) {
+    const float* xp = x_at(k0);
+    const int g_end = std::min(pn.k, k0 + kGemmDepth) / pn.gs;
+    for (int g = k0 / pn.gs; g < g_end; ++g) {
+      for (int i = 0; i < quads; ++i, xp += 4 * XS) {
+        __m512i v[P];
+        _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+          if constexpr (BITS == 4) v[p] = _mm512_load_si512(wp[p]);
+          _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
+            _mm_prefetch(reinterpret_cast<const char*>(wp[p]) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
+          }
+        }
+        _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
+          _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+            _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+              __m512 q;
+              if constexpr (BITS == 4) {
+                q = _mm512_permutexvar_ps(_mm512_srli_epi32(v[p], 4 * (2 * kk + h)), iota);
+              } else {
+                const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(wp[p] + kPanelCols * kk + 16 * h));
+                q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+              }
+              const __m512 w = _mm512_fmadd_ps(q, _mm512_load_ps(sp[p] + kPanelCols * g + 16 * h),
+                                               _mm512_load_ps(bp[p] + kPanelCols * g + 16 * h));
+              _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
+                acc[p][m][h] = _mm512_fmadd_ps(_mm512_set1_ps(xp[XS * kk + m]), w, acc[p][m][h]);
+              }
+            }
+        _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) wp[p] += 16 * BITS;
+      }
+    }
+  }
+  _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
+    _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
+      float* o = out + m * os + kPanelCols * p;
+      _mm512_storeu_ps(o, acc[p][m][0]);
+      _mm512_storeu_ps(o + 16, acc[p][m][1]);
+    }
+}
+
+// Panels [q, q1) for the tile of M rows whose activations x_at gives, P at a time (the rest
+// one by one).
+template <int BITS, int P, int M, int XS, class XAt>
+AVX512_FN void panel_run(const Panels& pn, int q, int q1, XAt x_at, float* out, size_t os) {
+  for (; q + P <= q1; q += P) panel_chains<BITS, P, M, XS>(pn, q, x_at, out + kPanelCols * q, os);
+  for (; q < q1; ++q) panel_chains<BITS, 1, M, XS>(pn, q, x_at, out + kPanelCols * q, os);
+}
+
+// Output rows [n0, n1) (multiples of kPanelCols) of a product with panels: one row reads x
+// as given, more rows Problem::xg (gemm_pack_x's order: tiles of kGemmRows rows).
+template <int BITS>
+AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
+  const Panels& pn = *p.panels;
+  const size_t os = static_cast<size_t>(p.n);
+  const int q0 = n0 / kPanelCols, q1 = n1 / kPanelCols;
+  if (p.m == 1) return panel_run<BITS, 4, 1, 1>(pn, q0, q1, [&](int k0) { return p.x + k0; }, p.out, os);
+  const size_t padded = gemm_padded_rows(p.m);
+  for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
+    auto x_at = [&](int k0) {
+      return p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * std::min(kGemmDepth, p.k - k0);
+    };
+    with_count<kGemmRows>(p.m - m0, [&](auto rows) {
+      constexpr int M = decltype(rows)::value;
+      panel_run<BITS, (M <= 4 ? 2 : 1), M, kGemmRows>(pn, q0, q1, x_at, p.out + m0 * os, os);
+    });
+  }
+}
+
 // The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
 AVX2_FN int swiglu_avx2(const float* gate, const float* up, float* out, int n0, int n1) {
   int i = n0;
@@ -1380,11 +1613,22 @@ bool uses_gemm(const Problem& p, int level, int precision) {
 #endif
 }
 
+// Whether a product reads its matrix's panels (rows_panels): 4-bit matrices of whole panels
+// in f32 precision on AVX-512, unless the product is a prompt chunk for the GEMM.
+bool uses_panels(const Problem& p, int level, int precision) {
+#ifdef MLXSYS_X86
+  return level == kAvx512 && precision == kF32 && !uses_gemm(p, level, precision) && panel_shape(p.bits, p.n, p.k, p.gs);
+#else
+  return false;
+#endif
+}
+
 void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kBf16 && !bf16_vector(level)) return rows_bf16_portable(p, n0, n1);
   if (precision == kInt8 && !int8_vector(level)) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
+  if (p.panels) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
   if (uses_gemm(p, level, precision)) {
     switch (p.bits) {
       case 4: return rows_gemm<4>(p, n0, n1);
@@ -1427,11 +1671,11 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
 constexpr size_t kParallelMinWeights = 1 << 15;
 
 // Runs `rows(j, n0, n1)` over the output rows [0, n_rows[j]) of products j = 0.., split into
-// chunks of 8k rows (about 4 per thread) over the pool unless the work is small. A row is
+// chunks of `align` * i rows (about 4 per thread) over the pool unless the work is small. A row is
 // always computed whole by one call, so results do not depend on the split.
 // `wanted` threads (0: the pool's count).
 void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows,
-                int wanted) {
+                int wanted, int align) {
   const int threads = Pool::get().threads(wanted);
   int total = 0;
   for (int n : n_rows) total += n;
@@ -1441,7 +1685,7 @@ void split_rows(const std::vector<int>& n_rows, size_t work, const std::function
     }
     return;
   }
-  const int per = std::max(8, (total + 4 * threads - 1) / (4 * threads) + 7) / 8 * 8;
+  const int per = std::max(align, (total + 4 * threads - 1) / (4 * threads) + align - 1) / align * align;
   std::vector<std::array<int, 3>> chunks;
   for (int j = 0; j < static_cast<int>(n_rows.size()); ++j) {
     for (int n0 = 0; n0 < n_rows[j]; n0 += per) chunks.push_back({j, n0, std::min(n_rows[j], n0 + per)});
@@ -1519,7 +1763,9 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   thread_local std::vector<float> x_copy, x_blocks;
   const bool windows = level >= kAvx2 && precision == kF32 && !uses_gemm(p0, level, precision);
   const size_t len = static_cast<size_t>(p0.m) * p0.k;
-  if (windows && level == kAvx512) {
+  bool rows = false, panels = false;  // which kernels the products take
+  for (const auto& p : ps) (p.panels ? panels : rows) = true;
+  if (windows && level == kAvx512 && rows) {
     // The register kernels' copy (Problem::xi).
     float* aligned = aligned64(x_blocks, len);
     interleave_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned);
@@ -1531,13 +1777,20 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     std::memcpy(aligned, p0.x, len * sizeof(float));
     for (auto& p : ps) p.x = aligned;
   }
-  if (uses_gemm(p0, level, precision)) {
+  if (uses_gemm(p0, level, precision) || (panels && p0.m > 1)) {
+    // The GEMM's copy (Problem::xg); the panels' weights are in column order (no permute).
     thread_local std::vector<float> xg;
     float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
-    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
+    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4 && !panels, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
   }
 #endif
+  // Chunks of whole panels where any product has them (all of one call have the same shape
+  // class: a product without panels takes chunks of 32 as well as of 8).
+  int align = 8;
+  for (const auto& p : ps) {
+    if (p.panels) align = kPanelCols;
+  }
   std::vector<int> n_rows;
   size_t work = 0;
   for (const auto& p : ps) {
@@ -1545,14 +1798,15 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     work += static_cast<size_t>(p.n) * p.k * std::max(1, p.m / 4);
   }
   if (combine == Combine::kNone) {
-    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level, precision); }, threads);
+    split_rows(n_rows, work, [&](int j, int n0, int n1) { run_rows(ps[j], n0, n1, level, precision); }, threads,
+               align);
     return;
   }
   split_rows({p0.n}, work, [&](int, int n0, int n1) {
     run_rows(ps[0], n0, n1, level, precision);
     run_rows(ps[1], n0, n1, level, precision);
     swiglu_rows(ps[0].out, ps[1].out, combined_out, p0.m, p0.n, n0, n1, level);
-  }, threads);
+  }, threads, align);
 }
 
 }  // namespace
@@ -1564,6 +1818,7 @@ void kernels::products(const float* x, int m, int k, const std::vector<Matrix>& 
   // calling thread's and kept between calls: a prompt chunk's gate and up (18 MB each for
   // 512 x 8960) were allocated, zeroed and page-faulted on every call, on one thread.
   thread_local std::vector<float> scratch[2];
+  const int level = isa(max_isa);
   std::vector<Problem> ps;
   for (size_t j = 0; j < mats.size(); ++j) {
     float* out;
@@ -1576,9 +1831,9 @@ void kernels::products(const float* x, int m, int k, const std::vector<Matrix>& 
     }
     ps.push_back(Problem{x, mats[j].w, mats[j].s, mats[j].b, out, m, mats[j].n, k, gs, bits});
     ps.back().total_m = m;
+    if (uses_panels(ps.back(), level, precision)) ps.back().panels = PanelCache::get().find(mats[j], k, gs, bits, threads);
   }
-  compute(ps, swiglu ? Combine::kSwiglu : Combine::kNone, swiglu ? outs[0] : nullptr, isa(max_isa), precision,
-          threads);
+  compute(ps, swiglu ? Combine::kSwiglu : Combine::kNone, swiglu ? outs[0] : nullptr, level, precision, threads);
 }
 
 namespace {
@@ -1613,6 +1868,17 @@ const T* contiguous(const mx::array& a, std::vector<T>& tmp) {
 }  // namespace
 
 const float* kernels::contiguous_f32(const mx::array& a, std::vector<float>& tmp) { return contiguous(a, tmp); }
+std::vector<std::weak_ptr<const void>> kernels::owners(const std::vector<mx::array>& inputs) {
+  std::vector<std::weak_ptr<const void>> out;
+  for (const auto& in : inputs) out.emplace_back(in.data_shared_ptr());
+  return out;
+}
+
+std::weak_ptr<const void> kernels::owner(const mx::array& w, const std::weak_ptr<const void>& data) {
+  // A view's rows are copied per call (contiguous_u32): no panels for those.
+  return w.flags().row_contiguous ? data : std::weak_ptr<const void>();
+}
+
 const uint32_t* kernels::contiguous_u32(const mx::array& a, std::vector<uint32_t>& tmp) {
   return contiguous(a, tmp);
 }
@@ -1645,7 +1911,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
       enc.set_output_array(out);
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
-    enc.dispatch([ins = std::move(ins), outs = std::move(outs), gs = group_size_, bits = bits_,
+    enc.dispatch([ins = std::move(ins), outs = std::move(outs), owners = kernels::owners(inputs), gs = group_size_, bits = bits_,
                   combine = combine_, max_isa = max_isa_, precision = precision_, threads = threads_]() mutable {
       const int per = weight_inputs(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
@@ -1661,7 +1927,7 @@ class QuantizedMatmulCpu : public mx::Primitive {
           mats.push_back({reinterpret_cast<const uint32_t*>(contiguous(w, tmp_f[2 * j])), nullptr, nullptr, w.shape(0)});
         } else {
           mats.push_back({contiguous(w, tmp_w[j]), contiguous(ins[2 + 3 * j], tmp_f[2 * j]),
-                          contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), w.shape(0)});
+                          contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), w.shape(0), kernels::owner(w, owners[1 + per * j])});
         }
       }
       for (auto& out : outs) out_data.push_back(out.data<float>());
