@@ -65,7 +65,8 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
     (
         prop_oneof![Just(4), Just(8)],
         prop_oneof![Just(32), Just(64), Just(128)],
-        1..max_n,
+        // Whole panels of 32 features (the repacked path on AVX-512) as often as other counts.
+        prop_oneof![1..max_n, (1..=(max_n + 31) / 32).prop_map(|p| 32 * p)],
         1..max_groups,
         prop_oneof![
             (1..=16i32).prop_map(|t| vec![t]),
@@ -181,7 +182,7 @@ fn rows_do_not_depend_on_the_window_size() {
         let strategy = (
             prop_oneof![Just(4), Just(8)],
             prop_oneof![Just(32), Just(64), Just(128)],
-            1..300i32,
+            prop_oneof![1..300i32, (1..=10i32).prop_map(|p| 32 * p)], // whole panels or not
             1..24i32, // K up to 3072: several K-blocks of the tiled small-M path
             prop_oneof![2..=16i32, Just(33), Just(70)],
             any::<u64>(),
@@ -296,25 +297,57 @@ fn several_products_need_one_spec_and_swiglu_two_equal_matrices() {
 }
 
 /// Long rows (K = 8960, a 1.5B model's MLP) in windows and prompt blocks: the scale groups go
-/// in blocks whose activations stay in cache, the accumulators carried between blocks; rows
-/// equal one-row products bit for bit on every instruction set.
+/// in blocks whose activations stay in cache, the accumulators carried between blocks (40
+/// features), or the whole row in one chain over the repacked panels (64 features, on
+/// AVX-512); rows equal one-row products bit for bit on every instruction set.
 #[test]
 fn long_rows_in_blocks_keep_their_bits() {
     for isa in Isa::ALL {
         let p = &KernelPolicy::all_on().with_isa(isa);
         for (bits, gs, k, t) in [(4, 64, 8960, 11), (4, 32, 4128, 16), (8, 128, 5120, 33)] {
-            let spec = QuantSpec::new(gs, bits).unwrap();
-            let w = normal(&[40, k], Dtype::Float32, 0.0, 0.5, &Key::new(9)).unwrap();
-            let q = quant::quantize(&w, spec).unwrap();
-            let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(10)).unwrap();
-            let all = bits_of(&quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
-            for r in [0, t / 2, t - 1] {
-                let xr = x.slice_axis(0, r, r + 1).unwrap();
-                let one = bits_of(&quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
-                assert_eq!(&all[(r * 40) as usize..((r + 1) * 40) as usize], &one[..], "{isa} k {k} t {t} row {r}");
+            for n in [40, 64] {
+                let spec = QuantSpec::new(gs, bits).unwrap();
+                let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(9)).unwrap();
+                let q = quant::quantize(&w, spec).unwrap();
+                let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(10)).unwrap();
+                let all = bits_of(&quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
+                for r in [0, t / 2, t - 1] {
+                    let xr = x.slice_axis(0, r, r + 1).unwrap();
+                    let one = bits_of(&quantized_matmul_t(&xr, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
+                    let row = &all[(r * n) as usize..((r + 1) * n) as usize];
+                    assert_eq!(row, &one[..], "{isa} n {n} k {k} t {t} row {r}");
+                }
             }
         }
     }
+}
+
+/// The repacked copy of a matrix (qmm.cc, "Panel layout", kept per weight buffer while that
+/// buffer lives) never serves another matrix: matrices of one shape made and freed in turn
+/// (MLX's allocator hands a freed buffer to the next array of its size), each product against
+/// MLX's; and a matrix used again after others gives its first result bit for bit.
+#[test]
+fn repacked_weights_follow_their_buffer() {
+    let p = &KernelPolicy::all_on();
+    let spec = QuantSpec::new(32, 4).unwrap();
+    let (n, k) = (64, 256);
+    let x = uniform(-1.0, 1.0, &[3, k], Dtype::Float32, &Key::new(1)).unwrap();
+    let product = |q: &quant::QuantizedMatrix| quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
+    let kept = quant::quantize(&normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(2)).unwrap(), spec).unwrap();
+    let first = bits_of(&product(&kept));
+    for seed in 0..12u64 {
+        let q = quant::quantize(&normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(100 + seed)).unwrap(), spec)
+            .unwrap();
+        let ours = product(&q).to_vec::<f32>().unwrap();
+        let mlx = quant::quantized_matmul(&x, &q.weight, &q.scales, &q.biases, true, spec)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        for (i, (a, b)) in ours.iter().zip(&mlx).enumerate() {
+            assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "matrix {seed}: element {i} is {a}, MLX gives {b}");
+        }
+    }
+    assert_eq!(bits_of(&product(&kept)), first, "the kept matrix's product changed");
 }
 
 /// Prompt chunks of more than `WINDOW_MAX_ROWS` rows (the GEMM on AVX-512 in f32 precision,
