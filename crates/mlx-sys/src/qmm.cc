@@ -104,10 +104,12 @@ struct Problem {
   // loads are one pointer plus constants: the group of rows [m0, m0 + M) at xi + m0 * K, its
   // block j of row m0 + r at + 32 * (j * M + r).
   const float* xi = nullptr;
-  // 4-bit weights in f32 precision on AVX-512, at most kWindowMaxRows rows: the matrix
-  // repacked into panels of 32 features (rows_panels reads it instead of w, s, b); x then in
-  // Problem::xg's order when M > 1.
+  // 4- and 8-bit weights in f32 precision on AVX-512, at most kWindowMaxRows rows: the
+  // matrix repacked into panels of 32 features (rows_panels reads it instead of w, s, b).
   const Panels* panels = nullptr;
+  // Products with panels of more than one row only: x in blocks of kPanelXRows rows, each
+  // block column by column (panel_pack_x).
+  const float* xp = nullptr;
 
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
@@ -1082,12 +1084,34 @@ AVX512_FN void panel_run(const Panels& pn, int q, int q1, XAt x_at, float* out, 
   for (; q < q1; ++q) panel_chains<BITS, 1, M, XS>(pn, q, x_at, out + kPanelCols * q, os);
 }
 
+// x [M, K] (K a multiple of 16) -> Problem::xp: per block of kPanelXRows rows (at
+// b * kPanelXRows * K) column by column, the block's 16 values of column k at 16 k, rows
+// past M zero; 16 x 16 register transposes, the blocks split over the pool.
+constexpr int kPanelXRows = 16;
+AVX512_FN void panel_pack_block(const float* x, int m, int k, int b, float* out) {
+  const int r0 = b * kPanelXRows, rows = std::min(kPanelXRows, m - r0);
+  float* to = out + static_cast<size_t>(r0) * k;
+  for (int c = 0; c < k; c += 16) {
+    __m512 r[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) {
+      r[i] = i < rows ? _mm512_loadu_ps(x + static_cast<size_t>(r0 + i) * k + c) : _mm512_setzero_ps();
+    }
+    transpose16(r);
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; ++j) _mm512_store_ps(to + static_cast<size_t>(16) * (c + j), r[j]);
+  }
+}
+void panel_pack_x(const float* x, int m, int k, float* out, int threads) {
+  Pool::get().run((m + kPanelXRows - 1) / kPanelXRows, [&](int b) { panel_pack_block(x, m, k, b, out); },
+                  Pool::Linger::kLong, threads);
+}
+
 // Panels per block of rows_panels: 4 of Qwen2.5-1.5B's MLP down projection (K = 8960) are
 // 573 KB, well inside a core's L2.
 constexpr int kPanelBlock = 4;
 
 // Output rows [n0, n1) (multiples of kPanelCols) of a product with panels: one row reads x
-// as given, more rows Problem::xg (gemm_pack_x's order: tiles of kGemmRows rows).
+// as given, more rows Problem::xp, each block of kPanelXRows rows in balanced tiles of at
+// most kGemmRows (11 -> 11, 16 -> 8 + 8).
 template <int BITS>
 AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
   const Panels& pn = *p.panels;
@@ -1095,18 +1119,20 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
   const int q0 = n0 / kPanelCols, q1 = n1 / kPanelCols;
   if (p.m == 1) return panel_run<BITS, 4, 1, 1>(pn, q0, q1, [&](int k0) { return p.x + k0; }, p.out, os);
   // Blocks of kPanelBlock panels, each applied to every tile while its weights are in L2 (a
-  // tile-outer loop read Qwen2.5-1.5B's weights from memory once per tile: t(16) 4.9 t(1)).
-  const size_t padded = gemm_padded_rows(p.m);
+  // tile-outer loop reads a thread's panels from memory once per tile).
   for (int qb = q0; qb < q1; qb += kPanelBlock) {
     const int qe = std::min(q1, qb + kPanelBlock);
-    for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
-      auto x_at = [&](int k0) {
-        return p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * std::min(kGemmDepth, p.k - k0);
-      };
-      with_count<kGemmRows>(p.m - m0, [&](auto rows) {
-        constexpr int M = decltype(rows)::value;
-        panel_run<BITS, (M <= 4 ? 2 : 1), M, kGemmRows>(pn, qb, qe, x_at, p.out + m0 * os, os);
-      });
+    for (int r0 = 0; r0 < p.m; r0 += kPanelXRows) {
+      const int rows = std::min(kPanelXRows, p.m - r0);
+      const auto [tiles, per] = balanced(rows, kGemmRows);
+      for (int t0 = 0; t0 < rows; t0 += per) {
+        const float* xb = p.xp + static_cast<size_t>(r0) * p.k + t0;
+        auto x_at = [&](int k0) { return xb + static_cast<size_t>(kPanelXRows) * k0; };
+        with_count<kGemmRows>(std::min(per, rows - t0), [&](auto tile) {
+          constexpr int M = decltype(tile)::value;
+          panel_run<BITS, (M <= 4 ? 2 : 1), M, kPanelXRows>(pn, qb, qe, x_at, p.out + (r0 + t0) * os, os);
+        });
+      }
     }
   }
 }
@@ -1803,12 +1829,18 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     std::memcpy(aligned, p0.x, len * sizeof(float));
     for (auto& p : ps) p.x = aligned;
   }
-  if (uses_gemm(p0, level, precision) || (panels && p0.m > 1)) {
-    // The GEMM's copy (Problem::xg); the panels' weights are in column order (no permute).
+  if (uses_gemm(p0, level, precision)) {
     thread_local std::vector<float> xg;
     float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
-    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4 && !panels, aligned, threads);
+    gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
+  }
+  if (panels && p0.m > 1) {  // rows_panels' copy (Problem::xp)
+    thread_local std::vector<float> xp;
+    const size_t blocks = (p0.m + kPanelXRows - 1) / kPanelXRows;
+    float* aligned = aligned64(xp, blocks * kPanelXRows * p0.k);
+    panel_pack_x(p0.x, p0.m, p0.k, aligned, threads);
+    for (auto& p : ps) p.xp = aligned;
   }
 #endif
   // Chunks of whole panels where any product has them (all of one call have the same shape
