@@ -332,17 +332,16 @@ fn repacked_weights_follow_their_buffer() {
     let spec = QuantSpec::new(32, 4).unwrap();
     let (n, k) = (64, 256);
     let x = uniform(-1.0, 1.0, &[3, k], Dtype::Float32, &Key::new(1)).unwrap();
-    let product = |q: &quant::QuantizedMatrix| quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
+    let product =
+        |q: &quant::QuantizedMatrix| quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
     let kept = quant::quantize(&normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(2)).unwrap(), spec).unwrap();
     let first = bits_of(&product(&kept));
     for seed in 0..12u64 {
-        let q = quant::quantize(&normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(100 + seed)).unwrap(), spec)
-            .unwrap();
+        let q =
+            quant::quantize(&normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(100 + seed)).unwrap(), spec).unwrap();
         let ours = product(&q).to_vec::<f32>().unwrap();
-        let mlx = quant::quantized_matmul(&x, &q.weight, &q.scales, &q.biases, true, spec)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap();
+        let mlx =
+            quant::quantized_matmul(&x, &q.weight, &q.scales, &q.biases, true, spec).unwrap().to_vec::<f32>().unwrap();
         for (i, (a, b)) in ours.iter().zip(&mlx).enumerate() {
             assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "matrix {seed}: element {i} is {a}, MLX gives {b}");
         }

@@ -994,18 +994,18 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Products on the panel layout (f32 precision, AVX-512F, 4-bit matrices with panels, at most
-// kWindowMaxRows rows: one-token steps, verify windows, batched steps, short prompts). Per
-// output element one sequential FMA chain over k = 0 .. K - 1 from zero,
+// Products on the panel layout (f32 precision, AVX-512F, 4- and 8-bit matrices with panels,
+// at most kWindowMaxRows rows: one-token steps, verify windows, batched steps, short
+// prompts). Per output element one sequential FMA chain over k = 0 .. K - 1 from zero,
 //   acc = fma(x[m, k], scale * q + bias, acc),
 // whatever M: a row has the same bits in any window. The broadcast form of the prompt GEMM's
 // micro-kernel, with the weights dequantized in registers from the panel instead of a packed
-// f32 copy: per column the 32 weights of a panel cost two shifts, two permutes and two FMAs,
-// and each activation row two FMAs on one broadcast (a tile of 12 rows keeps 24
-// accumulators). One-token steps run 4 panels at a time (8 independent chains). Standalone
-// loops, one core, weights streamed from memory (`docs/measurements/2026-12-05-panels/`):
-// 11 rows 69-74 G multiply-adds a second against 58-63 for the row kernel on SmolLM2's
-// 1536 x 576 and 73-74 against 40 on Qwen's 8960 x 1536.
+// f32 copy: per column the 32 weights of a panel cost two shifts and two permutes (8 bits:
+// two widening loads and two conversions) and two FMAs, and each activation row two FMAs on
+// one broadcast (a tile of up to 12 rows keeps 24 accumulators). One-token steps run 4
+// panels at a time (8 independent chains). `qmm_profile`, two cores, 11 rows: SmolLM2's
+// 576 x 1536 119-122 G multiply-adds a second (the row kernels 82), Qwen2.5-1.5B's
+// 8960 x 1536 151-173 (102-103); one row 1.1-1.2x (`docs/measurements/2026-12-05-panels/`).
 
 // Prefetch distance of a panel's weight stream.
 constexpr int kPanelPrefetchBytes = 1024;
