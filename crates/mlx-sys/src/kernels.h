@@ -25,10 +25,11 @@ const float* contiguous_f32(const mlx::core::array& a, std::vector<float>& tmp);
 const uint32_t* contiguous_u32(const mlx::core::array& a, std::vector<uint32_t>& tmp);
 
 // The data of each of a node's inputs, taken in `eval_cpu` (the task's own copies of the
-// inputs do not own their data), and Matrix::owner for weights `w` (one of them): their
-// data, or empty when `w` is a view (its rows are then a per-call copy).
+// inputs do not own their data), and Matrix::owner for weights `w` with scales `s` and
+// biases `b`: w's data, or empty when any of the three is a view (then a per-call copy).
 std::vector<std::weak_ptr<const void>> owners(const std::vector<mlx::core::array>& inputs);
-std::weak_ptr<const void> owner(const mlx::core::array& w, const std::weak_ptr<const void>& data);
+std::weak_ptr<const void> owner(const mlx::core::array& w, const mlx::core::array& s, const mlx::core::array& b,
+                                const std::weak_ptr<const void>& data);
 
 // --- products (qmm.cc) -----------------------------------------------------------------
 

@@ -53,8 +53,9 @@ using kernels::weight_inputs;
 using Owners = std::vector<std::weak_ptr<const void>>;
 
 // Registers the inputs and the outputs with the stream's encoder and runs `fn(inputs,
-// outputs, owners)` on the stream thread (owners: kernels::owners of the inputs). Output i takes over input donors[i]'s buffer when
-// donors[i] >= 0 (fn sees equal data pointers), else gets a fresh one.
+// outputs, owners)` on the stream thread (owners: kernels::owners of the inputs). Output i
+// takes over input donors[i]'s buffer when donors[i] >= 0 (fn sees equal data pointers),
+// else gets a fresh one.
 template <class Fn>
 void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn,
               const std::vector<int>& donors = {}) {
@@ -99,7 +100,7 @@ struct Weights {
       } else {
         mats.push_back({kernels::contiguous_u32(w, tmp_w[j]), kernels::contiguous_f32(in[at + per * j + 1], tmp_f[3 * j + 1]),
                         kernels::contiguous_f32(in[at + per * j + 2], tmp_f[3 * j + 2]), w.shape(0),
-                        kernels::owner(w, owners[at + per * j])});
+                        kernels::owner(w, in[at + per * j + 1], in[at + per * j + 2], owners[at + per * j])});
       }
     }
   }
@@ -184,8 +185,8 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const 
 // bias when has_o_bias, the post-attention norm and the gate, up and down weights at
 // in[o_at ...] (LayerOutCpu's order).
 void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const Owners& owners, const mx::array& x,
-                   const kernels::View4& q,
-                   const kernels::View4& k, const kernels::View4& v, int t, size_t o_at, float* y) {
+                   const kernels::View4& q, const kernels::View4& k, const kernels::View4& v, int t, size_t o_at,
+                   float* y) {
   const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim, hq = p.n_heads;
   const int qd = hq * d;
   thread_local std::vector<float> xc, attn, ao, o, ob, h1, nc, hn, s, dn;
@@ -232,7 +233,8 @@ class LayerInCpu : public mx::Primitive {
   LayerInCpu(mx::Stream stream, LayerParams p) : mx::Primitive(stream), p_(p) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out, const Owners& owners) {
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out,
+                                                 const Owners& owners) {
       float* const qkv[3] = {out[0].data<float>(), out[1].data<float>(), out[2].data<float>()};
       attention_in(p, in, owners, qkv);
     });
@@ -266,7 +268,8 @@ class LayerOutCpu : public mx::UnaryPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     std::vector<mx::array> outputs{output};
-    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out, const Owners& owners) {
+    dispatch(stream(), inputs, outputs, [p = p_](std::vector<mx::array>& in, std::vector<mx::array>& out,
+                                                 const Owners& owners) {
       thread_local std::vector<float> qt, kt, vt;
       const kernels::View4 q = kernels::view4(in[1], qt), k = kernels::view4(in[2], kt), v = kernels::view4(in[3], vt);
       attention_out(p, in, owners, in[0], q, k, v, in[2].shape(2), 4, out[0].data<float>());

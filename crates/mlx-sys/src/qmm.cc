@@ -188,12 +188,12 @@ class PanelMemory {
 };
 
 struct Panels {
-  int n, k, gs;
+  int n, k, gs, bits;
+  const float *from_s, *from_b;  // the MLX scales and biases it was built from
   std::unique_ptr<PanelMemory> memory;  // w, then s, then b
   const uint8_t* w = nullptr;
   const float* s = nullptr;
   const float* b = nullptr;
-  int bits;
   size_t quad_bytes() const { return static_cast<size_t>(16) * bits; }
   const uint8_t* panel_w(int q) const { return w + static_cast<size_t>(q) * (k / 4) * quad_bytes(); }
   const float* panel_s(int q) const { return s + static_cast<size_t>(q) * (k / gs) * kPanelCols; }
@@ -214,6 +214,8 @@ std::unique_ptr<Panels> build_panels(const uint32_t* w, const float* s, const fl
   out->k = k;
   out->gs = gs;
   out->bits = bits;
+  out->from_s = s;
+  out->from_b = b;
   const size_t groups = static_cast<size_t>(k / gs), words = static_cast<size_t>(k) * bits / 32;
   const size_t w_bytes = static_cast<size_t>(n) * k * bits / 8, sb_bytes = static_cast<size_t>(n) * groups * 4;
   out->memory = std::make_unique<PanelMemory>(w_bytes + 2 * sb_bytes);
@@ -269,15 +271,17 @@ class PanelCache {
     return *cache;
   }
 
-  // The panels of `m` (K columns, group size gs), repacked on first use; null when `m` has no
-  // owner (a copy of a view) or its owner is gone.
+  // The panels of `m` (K columns, group size gs), repacked on first use (again when its
+  // scales or biases are other buffers); null when `m` has no owner (a copy of a view) or its
+  // owner is gone.
   const Panels* find(const kernels::Matrix& m, int k, int gs, int bits, int threads) {
     if (m.owner.expired()) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(m.w);
     if (it != map_.end() && !it->second.owner.expired() && !it->second.owner.owner_before(m.owner) &&
         !m.owner.owner_before(it->second.owner) && it->second.panels->n == m.n && it->second.panels->k == k &&
-        it->second.panels->gs == gs && it->second.panels->bits == bits) {
+        it->second.panels->gs == gs && it->second.panels->bits == bits && it->second.panels->from_s == m.s &&
+        it->second.panels->from_b == m.b) {
       return it->second.panels.get();
     }
     for (auto e = map_.begin(); e != map_.end();) e = e->second.owner.expired() ? map_.erase(e) : std::next(e);
@@ -295,7 +299,6 @@ class PanelCache {
   std::mutex mu_;
   std::unordered_map<const void*, Entry> map_;
 };
-
 
 // Software prefetch distance of the register kernels' weight streams. A decode step reads
 // every weight from memory (a model's weights do not fit in the caches), and the hardware
@@ -1691,8 +1694,8 @@ bool uses_gemm(const Problem& p, int level, int precision) {
 #endif
 }
 
-// Whether a product reads its matrix's panels (rows_panels): 4-bit matrices of whole panels
-// in f32 precision on AVX-512, unless the product is a prompt chunk for the GEMM.
+// Whether a product reads its matrix's panels (rows_panels): 4- and 8-bit matrices of whole
+// panels in f32 precision on AVX-512, unless the product is a prompt chunk for the GEMM.
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
   return level == kAvx512 && precision == kF32 && !uses_gemm(p, level, precision) && panel_shape(p.bits, p.n, p.k, p.gs);
@@ -1749,8 +1752,8 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
 constexpr size_t kParallelMinWeights = 1 << 15;
 
 // Runs `rows(j, n0, n1)` over the output rows [0, n_rows[j]) of products j = 0.., split into
-// chunks of `align` * i rows (about 4 per thread) over the pool unless the work is small. A row is
-// always computed whole by one call, so results do not depend on the split.
+// chunks of a multiple of `align` rows (about 4 per thread) over the pool unless the work is
+// small. A row is always computed whole by one call, so results do not depend on the split.
 // `wanted` threads (0: the pool's count).
 void split_rows(const std::vector<int>& n_rows, size_t work, const std::function<void(int, int, int)>& rows,
                 int wanted, int align) {
@@ -1958,9 +1961,11 @@ std::vector<std::weak_ptr<const void>> kernels::owners(const std::vector<mx::arr
   return out;
 }
 
-std::weak_ptr<const void> kernels::owner(const mx::array& w, const std::weak_ptr<const void>& data) {
-  // A view's rows are copied per call (contiguous_u32): no panels for those.
-  return w.flags().row_contiguous ? data : std::weak_ptr<const void>();
+std::weak_ptr<const void> kernels::owner(const mx::array& w, const mx::array& s, const mx::array& b,
+                                        const std::weak_ptr<const void>& data) {
+  // Views are copied per call (contiguous): no panels for those.
+  const bool whole = w.flags().row_contiguous && s.flags().row_contiguous && b.flags().row_contiguous;
+  return whole ? data : std::weak_ptr<const void>();
 }
 
 const uint32_t* kernels::contiguous_u32(const mx::array& a, std::vector<uint32_t>& tmp) {
@@ -1995,7 +2000,8 @@ class QuantizedMatmulCpu : public mx::Primitive {
       enc.set_output_array(out);
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
-    enc.dispatch([ins = std::move(ins), outs = std::move(outs), owners = kernels::owners(inputs), gs = group_size_, bits = bits_,
+    enc.dispatch([ins = std::move(ins), outs = std::move(outs), owners = kernels::owners(inputs), gs = group_size_,
+                  bits = bits_,
                   combine = combine_, max_isa = max_isa_, precision = precision_, threads = threads_]() mutable {
       const int per = weight_inputs(bits), products = static_cast<int>(ins.size() - 1) / per;
       const int k = ins[0].shape(-1);
@@ -2011,7 +2017,8 @@ class QuantizedMatmulCpu : public mx::Primitive {
           mats.push_back({reinterpret_cast<const uint32_t*>(contiguous(w, tmp_f[2 * j])), nullptr, nullptr, w.shape(0)});
         } else {
           mats.push_back({contiguous(w, tmp_w[j]), contiguous(ins[2 + 3 * j], tmp_f[2 * j]),
-                          contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), w.shape(0), kernels::owner(w, owners[1 + per * j])});
+                          contiguous(ins[3 + 3 * j], tmp_f[2 * j + 1]), w.shape(0),
+                          kernels::owner(w, ins[2 + 3 * j], ins[3 + 3 * j], owners[1 + per * j])});
         }
       }
       for (auto& out : outs) out_data.push_back(out.data<float>());
