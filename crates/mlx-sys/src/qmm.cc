@@ -43,6 +43,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -1840,12 +1841,12 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   // cache lines costs two, and x is read once per weight row (measured, interleaved runs: windows
   // of 11 rows 1.25x faster; one-row products unchanged).
   // Only the x86 kernels use it: elsewhere `level` is always kPortable.
+  const bool panels = std::any_of(ps.begin(), ps.end(), [](const Problem& p) { return p.panels; });
 #ifdef MLXSYS_X86
+  const bool rows = std::any_of(ps.begin(), ps.end(), [](const Problem& p) { return !p.panels; });
   thread_local std::vector<float> x_copy, x_blocks;
   const bool windows = level >= kAvx2 && precision == kF32 && !uses_gemm(p0, level, precision);
   const size_t len = static_cast<size_t>(p0.m) * p0.k;
-  bool rows = false, panels = false;  // which kernels the products take
-  for (const auto& p : ps) (p.panels ? panels : rows) = true;
   if (windows && level == kAvx512 && rows) {
     // The register kernels' copy (Problem::xi).
     float* aligned = aligned64(x_blocks, len);
@@ -1872,12 +1873,9 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     for (auto& p : ps) p.xp = aligned;
   }
 #endif
-  // Chunks of whole panels where any product has them (all of one call have the same shape
-  // class: a product without panels takes chunks of 32 as well as of 8).
-  int align = 8;
-  for (const auto& p : ps) {
-    if (p.panels) align = kPanelCols;
-  }
+  // Chunks of whole panels where any product has them (a product without panels takes
+  // chunks of 32 as well as of 8).
+  const int align = panels ? kPanelCols : 8;
   std::vector<int> n_rows;
   size_t work = 0;
   for (const auto& p : ps) {
