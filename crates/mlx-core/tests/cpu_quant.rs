@@ -349,6 +349,35 @@ fn repacked_weights_follow_their_buffer() {
     assert_eq!(bits_of(&product(&kept)), first, "the kept matrix's product changed");
 }
 
+/// A prompt chunk packs the GEMM's weights from the matrix's repacked copy where it has one
+/// (qmm.cc, `gemm_pack_panels`) and from MLX's rows where not (a strided view of the weights):
+/// the same rows bit for bit, for 4 and 8 bits, group sizes 32 and 128, K over several of
+/// the GEMM's 256-column blocks and not a multiple of them, the chunk the matrix's first
+/// product (repacked by it) and after a window.
+#[test]
+fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
+    let p = &KernelPolicy::all_on();
+    let rows = cpu_quant::WINDOW_MAX_ROWS as i32 + 21;
+    for (bits, gs, k, window_first) in
+        [(4, 32, 640, false), (4, 128, 1152, true), (8, 32, 640, true), (8, 128, 384, false)]
+    {
+        let spec = QuantSpec::new(gs, bits).unwrap();
+        let (mats, x) = mats_and_x(spec, &[96], k, rows, 40 + bits as u64);
+        let q = &mats[0];
+        if window_first {
+            let one = x.slice_axis(0, 0, 1).unwrap();
+            quantized_matmul_t(&one, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+        }
+        let owned = bits_of(&quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap());
+        // The weights as a strided view (every other column block of a doubled matrix): copied
+        // per call, never repacked.
+        let doubled = mlx_core::concatenate(&[&q.weight, &q.weight], 1).unwrap();
+        let view = doubled.slice_axis(1, 0, q.weight.shape()[1]).unwrap();
+        let from_rows = bits_of(&quantized_matmul_t(&x, &view, &q.scales, &q.biases, spec, p).unwrap());
+        assert_eq!(owned, from_rows, "bits {bits}, group size {gs}, K {k}: chunk rows differ with the repacked copy");
+    }
+}
+
 /// Prompt chunks of more than `WINDOW_MAX_ROWS` rows (the GEMM on AVX-512 in f32 precision,
 /// the windows' blocks elsewhere) against MLX and the f64 reference, over features that fill
 /// no whole panel of 32 (and fewer than 16), K over several of the GEMM's 256-column blocks

@@ -181,10 +181,19 @@ constexpr int kValueTileRows = 12;
 // keys or values up to `last`.
 struct Avx2Attn {
   static constexpr int kScoreStep = 8;
+  static constexpr int kScoreRows = 1;
   static constexpr bool kValueTiles = false;
 
-  static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr,
-                             bool lead, int last) {
+  // Where element d of query row r goes in the task's scaled queries: row by row.
+  static size_t q_at(int r, int d, int d_len) { return static_cast<size_t>(r) * d_len + d; }
+
+  static void scores(const AttnProblem& p, int b, int kvh, const float* q, int, int j0, int j1, float* const* sr,
+                     bool lead, int last) {
+    scores_row(p, b, kvh, q, j0, j1, sr[0], lead, last);
+  }
+
+  static AVX2_FN void scores_row(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr,
+                                 bool lead, int last) {
     int j = j0;
     for (; j + 8 <= j1; j += 8) {
       if (lead && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);
@@ -224,58 +233,51 @@ struct Avx2Attn {
   }
 };
 
-// The same two loops with AVX-512F, for D = Dv = 64 or 128 (Avx512Attn::fits): a query row's
-// D / 16 vectors stay in registers and each key's dot product is one chain of FMAs over them,
-// 16 keys at a time reduced together (hsum16x16); the last keys of a row go in a group of 16
-// padded with zeros (their lanes do not touch the real keys' sums). Values: tiles of 12 rows
+// The same two loops with AVX-512F, for D = Dv = 64 or 128 (Avx512Attn::fits): scores for
+// quads of query rows, each lane one row's FMA chain over a quarter of D fed by a broadcast of
+// four of a key's elements (scores_quad: one load per FMA and three vector operations per
+// four keys' reduction, where one row at a time took a reduction of 16 lanes per key). Values: tiles of 12 rows
 // (values_tile), then two rows at a time share each value row's loads and keep twice the
 // FMA chains in flight (one row's D / 16 chains wait on the FMA latency); each row still sums
 // its keys in order.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
 #define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
 
-// [sum(v[0]), .., sum(v[15])], each by one fixed tree: 128-bit quarters 0 + 2 and 1 + 3, their
-// sum, then within the quarter lanes 0 + 2 and 1 + 3, their sum.
-AVX512_FN_ALWAYS __m512 hsum16x16(const __m512* v) {
-  __m512 a[8];  // a[i]: quarters [v2i.0 + v2i.2, v2i.1 + v2i.3, v2i+1.0 + v2i+1.2, v2i+1.1 + v2i+1.3]
-  _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
-    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  }
-  __m512 q[4];  // quarter l of q[i]: the four partial sums of key 4i + l
-  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
-    q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
-  }
-  // Within each quarter l: lanes 0 + 2 and 1 + 3 of keys 4i + l, then their sum.
-  const __m512 u01 = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 u23 = _mm512_add_ps(_mm512_shuffle_ps(q[2], q[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(q[2], q[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  // Lane 4l + i: the sum of key 4i + l.
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
-
-// Scores of keys [j0, j1) of one query row, C = D / 16 vectors per row.
-template <int C>
-AVX512_FN void scores512(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr, bool lead,
-                         int last) {
-  __m512 qv[C];
-  _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int j = j0; j < j1; j += 16) {
-    if (lead && j + kKeyBlock + 16 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 16, p.d);
-    const int n = std::min(16, j1 - j);
-    __m512 dots[16];
-    _Pragma("GCC unroll 16") for (int u = 0; u < 16; ++u) {
-      dots[u] = _mm512_setzero_ps();
-      if (u < n) {
-        const float* k = p.k.row(b, kvh, j + u);
-        _Pragma("GCC unroll 8") for (int c = 0; c < C; ++c) dots[u] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), dots[u]);
+// Scores of keys [j0, j1) of a quad of query rows (up to 4; `rows` of them real), S = D / 4.
+// The quad's scaled queries are packed by Avx512Attn::q_at: vector s holds elements 4s .. 4s + 3
+// of each row, row i in lanes 4i .. 4i + 3, so one 128-bit broadcast of a key's elements
+// 4s .. 4s + 3 feeds all four rows: lane 4i + c sums q_i[4s + c] k[4s + c] over s in one FMA
+// chain from zero, and a key's score for row i is (c0 + c2) + (c1 + c3) of its four lanes,
+// taken for four keys at once by two transposing add steps (lane 4i + u of the result: key
+// j + u, row i). The same operations in the same order whatever the other rows of the quad,
+// the window or the task: a row's bits. Keys past j1 in the last group of four repeat the last
+// key; their scores land past every row's keys (segment_softmax pads over them).
+template <int S>
+AVX512_FN void scores_quad(const AttnProblem& p, int b, int kvh, const float* qp, int rows, int j0, int j1,
+                           float* const* sr, bool lead, int last) {
+  for (int j = j0; j < j1; j += 4) {
+    if (lead && j + kKeyBlock + 4 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 4, p.d);
+    const float* kr[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) kr[u] = p.k.row(b, kvh, std::min(j + u, j1 - 1));
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[u] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 16") for (int st = 0; st < S; ++st) {
+      const __m512 q = _mm512_loadu_ps(qp + 16 * st);
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
+        acc[u] = _mm512_fmadd_ps(q, _mm512_broadcast_f32x4(_mm_loadu_ps(kr[u] + 4 * st)), acc[u]);
       }
     }
-    _mm512_storeu_ps(sr + j, hsum16x16(dots));
+    // Per 128-bit lane i: [c0 + c2, c1 + c3] of keys u, u + 1, then their sum per key.
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm_storeu_ps(sr[0] + j, _mm512_castps512_ps128(r));
+    if (rows > 1) _mm_storeu_ps(sr[1] + j, _mm512_extractf32x4_ps(r, 1));
+    if (rows > 2) _mm_storeu_ps(sr[2] + j, _mm512_extractf32x4_ps(r, 2));
+    if (rows > 3) _mm_storeu_ps(sr[3] + j, _mm512_extractf32x4_ps(r, 3));
   }
 }
 
@@ -300,7 +302,14 @@ AVX512_FN void values512(const AttnProblem& p, int b, int kvh, const float* cons
 
 struct Avx512Attn {
   static constexpr int kScoreStep = 16;
+  static constexpr int kScoreRows = 4;
   static constexpr bool kValueTiles = true;
+
+  // Where element d of query row r goes in the task's scaled queries: in quads of rows
+  // (scores_quad), 4 (r / 4) D + 16 (d / 4) + 4 (r % 4) + d % 4.
+  static size_t q_at(int r, int d, int d_len) {
+    return static_cast<size_t>(r / 4) * 4 * d_len + 16 * (d / 4) + 4 * (r % 4) + d % 4;
+  }
 
   // Weighted values of keys [j0, j1) for kValueTileRows query rows at once (scores sr[r] by key
   // index, accumulators a[r]), as the prompt GEMM's micro-kernel (qmm.cc, gemm_tile) runs: the
@@ -340,9 +349,9 @@ struct Avx512Attn {
 
   static bool fits(const AttnProblem& p) { return (p.d == 64 || p.d == 128) && p.dv == p.d; }
 
-  static void scores(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr, bool lead,
-                     int last) {
-    (p.d == 64 ? scores512<4> : scores512<8>)(p, b, kvh, q, j0, j1, sr, lead, last);
+  static void scores(const AttnProblem& p, int b, int kvh, const float* q, int rows, int j0, int j1, float* const* sr,
+                     bool lead, int last) {
+    (p.d == 64 ? scores_quad<16> : scores_quad<32>)(p, b, kvh, q, rows, j0, j1, sr, lead, last);
   }
 
   // Rows r0 and r1 (keys [j0, j1_0) and [j0, j1_1)): together over the keys both see, then the
@@ -392,20 +401,26 @@ template <class Isa>
 void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_begin, int j_end, float* part,
                   size_t part_stride, std::vector<float>& s, std::vector<float>& qs) {
   const Rows rows{p, kvh, t0, t1};
+  constexpr int G = Isa::kScoreRows;
   const int stride = (j_end - j_begin + Isa::kScoreStep - 1) / Isa::kScoreStep * Isa::kScoreStep;
   s.resize(static_cast<size_t>(rows.count()) * stride);
-  qs.resize(static_cast<size_t>(rows.count()) * p.d);
+  qs.assign(static_cast<size_t>((rows.count() + G - 1) / G) * G * p.d, 0.f);  // padding rows: zeros
   for (int r = 0; r < rows.count(); ++r) {
     const float* qr = p.q.row(b, rows.head(r), rows.query(r));
-    for (int d = 0; d < p.d; ++d) qs[r * p.d + d] = qr[d] * p.scale;
+    for (int d = 0; d < p.d; ++d) qs[Isa::q_at(r, d, p.d)] = qr[d] * p.scale;
   }
   const int last = std::min(j_end, rows.keys(rows.count() - 1));  // the most keys any row sees
   auto row_end = [&](int r) { return std::min(j_end, rows.keys(r)); };
   auto scores_of = [&](int r) { return &s[static_cast<size_t>(r) * stride] - j_begin; };  // by key index
+  // Scores G rows at a time (Isa::scores), over the keys the group's last row sees (the most);
+  // an earlier row's scores past its own keys are not read.
   for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
-    for (int r = 0; r < rows.count(); ++r) {
-      const int j1 = std::min(j0 + kKeyBlock, row_end(r));
-      if (j0 < j1) Isa::scores(p, b, kvh, &qs[r * p.d], j0, j1, scores_of(r), r == 0, last);
+    for (int r = 0; r < rows.count(); r += G) {
+      const int n = std::min(G, rows.count() - r);
+      const int j1 = std::min(j0 + kKeyBlock, row_end(r + n - 1));
+      float* sr[G];
+      for (int i = 0; i < n; ++i) sr[i] = scores_of(r + i);
+      if (j0 < j1) Isa::scores(p, b, kvh, &qs[Isa::q_at(r, 0, p.d)], n, j0, j1, sr, r == 0, last);
     }
   }
   for (int r = 0; r < rows.count(); ++r) {

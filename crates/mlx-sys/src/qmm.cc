@@ -963,6 +963,39 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
   }
 }
 
+// gemm_pack's panel from the matrix's repacked copy (Panels, panel q = nb / 32): the same
+// weights (the affine FMA on the same q, scale and bias) in the same panel rows, read as one
+// stream of 32 features per column instead of 16 rows of K at once and transposed. Column
+// k0 + e goes to the panel row whose lane_source is e (x's order, gemm_pack_x). A Qwen
+// prefill spent ~5.5% of its samples in gemm_pack, most of them waiting on the rows' loads.
+template <int BITS>
+AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool permute4, float* panel) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int row_of[32];  // the panel row (within a 32-block of K) of column e
+  for (int r = 0; r < 32; ++r) row_of[lane_source(r, permute4)] = r;
+  const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
+  for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {
+    const int g = (k0 + 4 * i) / pn.gs;
+    const __m512 sc[2] = {_mm512_load_ps(pn.panel_s(q) + kPanelCols * g), _mm512_load_ps(pn.panel_s(q) + kPanelCols * g + 16)};
+    const __m512 bi[2] = {_mm512_load_ps(pn.panel_b(q) + kPanelCols * g), _mm512_load_ps(pn.panel_b(q) + kPanelCols * g + 16)};
+    __m512i v = _mm512_setzero_si512();
+    if constexpr (BITS == 4) v = _mm512_load_si512(wq);
+    _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk) {
+      const int e = 4 * i + kk;  // column k0 + e
+      float* to = panel + kGemmCols * (e / 32 * 32 + row_of[e % 32]);
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+        __m512 w;
+        if constexpr (BITS == 4) {
+          w = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)), iota);
+        } else {
+          w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(wq + kPanelCols * kk + 16 * h))));
+        }
+        _mm512_store_ps(to + 16 * h, _mm512_fmadd_ps(w, sc[h], bi[h]));
+      }
+    }
+  }
+}
+
 // M rounded up to whole tiles of kGemmRows.
 inline size_t gemm_padded_rows(int m) { return static_cast<size_t>(m + kGemmRows - 1) / kGemmRows * kGemmRows; }
 
@@ -1012,7 +1045,12 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
       const int cols = std::min(kGemmCols, n1 - nb);
       const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
       const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
-      gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
+      if constexpr (BITS == 4 || BITS == 8) {
+        if (p.panels) gemm_pack_panels<BITS>(*p.panels, nb / kPanelCols, k0, depth, BITS == 4, panel);
+        else gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
+      } else {
+        gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
+      }
       for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
         with_count<kGemmRows>(p.m - m0, [&](auto mr) {
           gemm_tile<decltype(mr)::value>(p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * depth,
@@ -1695,11 +1733,12 @@ bool uses_gemm(const Problem& p, int level, int precision) {
 #endif
 }
 
-// Whether a product reads its matrix's panels (rows_panels): 4- and 8-bit matrices of whole
-// panels in f32 precision on AVX-512, unless the product is a prompt chunk for the GEMM.
+// Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels in f32
+// precision on AVX-512, computed on them (rows_panels) or, prompt chunks, packed from them
+// for the GEMM (gemm_pack_panels).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
-  return level == kAvx512 && precision == kF32 && !uses_gemm(p, level, precision) && panel_shape(p.bits, p.n, p.k, p.gs);
+  return level == kAvx512 && precision == kF32 && panel_shape(p.bits, p.n, p.k, p.gs);
 #else
   return false;
 #endif
@@ -1710,7 +1749,6 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kInt8 && !int8_vector(level)) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
-  if (p.panels) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
   if (uses_gemm(p, level, precision)) {
     switch (p.bits) {
       case 4: return rows_gemm<4>(p, n0, n1);
@@ -1718,6 +1756,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
       default: return rows_gemm<kDense>(p, n0, n1);
     }
   }
+  if (p.panels) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
     // Prompt prefill: activation rows in balanced blocks of at most kTiledMaxRows (512 ->
     // 16 x 32), each a window on the register or tiled paths, whose x stays in L1/L2 while
@@ -1865,7 +1904,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
   }
-  if (panels && p0.m > 1) {  // rows_panels' copy (Problem::xp)
+  if (panels && windows && p0.m > 1) {  // rows_panels' copy (Problem::xp)
     thread_local std::vector<float> xp;
     const size_t blocks = (p0.m + kPanelXRows - 1) / kPanelXRows;
     float* aligned = aligned64(xp, blocks * kPanelXRows * p0.k);

@@ -5,6 +5,7 @@
 //! 4-bit g32 q/k/v, o, gate/up and down, and an 8-bit 49152 x 576 head), for T in 1, 2, 4,
 //! 8, 11, 16 by default. "rest" is the difference: norms, RoPE, attention, cache writes,
 //! residual adds and per-node dispatch (meaningful for SmolLM2 4-bit directories).
+//! With `WINDOW_PROFILE_LOOP=N`: one prefill, then N forwards of each T rolled back (for `perf`).
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, QuantizedMatrix, quantize};
@@ -46,6 +47,23 @@ fn main() {
         None => vec![1, 2, 4, 8, 11, 16],
     };
     let policy = mlx_core::KernelPolicy::all_on();
+    if let Some(n) = std::env::var("WINDOW_PROFILE_LOOP").ok().and_then(|s| s.parse::<usize>().ok()) {
+        // For `perf`: one prefill, then n forwards of each T rolled back, nothing else.
+        let (mut cache, _) = prefill(&model, &prompt).unwrap();
+        for t in ts {
+            let toks: Vec<u32> = (0..t as u32).map(|i| 300 + i).collect();
+            let mut fwd = Vec::new();
+            for _ in 0..n {
+                let t0 = Instant::now();
+                let logits = model.forward(&ids(&toks).unwrap(), &mut cache).unwrap();
+                eval(&[&logits]).unwrap();
+                fwd.push(t0.elapsed().as_secs_f64() * 1e3);
+                cache.trim(t);
+            }
+            println!("T={t:2}: forward {:6.2} ms (after one prefill, rolled back)", median(fwd));
+        }
+        return;
+    }
     for t in ts {
         let mut fwd = Vec::new();
         let mut prods = Vec::new();
