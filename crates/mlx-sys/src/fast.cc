@@ -183,14 +183,43 @@ mx::Stream cpu_stream(const std::string& op) {
 
 namespace kernels {
 
-void rms_norm_row(const float* x, int64_t xs, int n, float eps, const float* w, int64_t ws, float* y) {
-  float ss = 0.f;
-  for (int i = 0; i < n; ++i) ss += x[i * xs] * x[i * xs];
+namespace {
+// y = w * (x * inv) for the row's sum of squares ss (rms_norm_row's second half).
+void rms_norm_finish(const float* x, int64_t xs, int n, float eps, const float* w, int64_t ws, float ss, float* y) {
   const float inv = 1.f / std::sqrt(ss * (1.f / static_cast<float>(n)) + eps);
   for (int i = 0; i < n; ++i) {
     const float v = x[i * xs] * inv;
     y[i] = w ? w[i * ws] * v : v;
   }
+}
+
+// G contiguous rows at once: each row's sum of squares is its own chain in rms_norm_row's
+// order, G chains side by side (one row's chain waits on the add latency at every element).
+template <int G>
+void rms_norm_group(const float* x, int n, float eps, const float* w, float* y) {
+  float ss[G] = {};
+  for (int i = 0; i < n; ++i) {
+    for (int g = 0; g < G; ++g) ss[g] += x[static_cast<size_t>(g) * n + i] * x[static_cast<size_t>(g) * n + i];
+  }
+  for (int g = 0; g < G; ++g) {
+    rms_norm_finish(x + static_cast<size_t>(g) * n, 1, n, eps, w, 1, ss[g], y + static_cast<size_t>(g) * n);
+  }
+}
+}  // namespace
+
+void rms_norm_row(const float* x, int64_t xs, int n, float eps, const float* w, int64_t ws, float* y) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i * xs] * x[i * xs];
+  rms_norm_finish(x, xs, n, eps, w, ws, ss, y);
+}
+
+void rms_norm_rows(const float* x, int m, int n, float eps, const float* w, float* y) {
+  const auto at = [n](int row) { return static_cast<size_t>(row) * n; };
+  int r = 0;
+  for (; r + 8 <= m; r += 8) rms_norm_group<8>(x + at(r), n, eps, w, y + at(r));
+  if (r + 4 <= m) rms_norm_group<4>(x + at(r), n, eps, w, y + at(r)), r += 4;
+  if (r + 2 <= m) rms_norm_group<2>(x + at(r), n, eps, w, y + at(r)), r += 2;
+  if (r < m) rms_norm_row(x + at(r), 1, n, eps, w, 1, y + at(r));
 }
 
 void rope_table(const RopeSpec& spec, int offset, const int32_t* positions, int64_t positions_stride, int l_len,

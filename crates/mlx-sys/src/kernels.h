@@ -70,6 +70,9 @@ void products(const float* x, int m, int k, const std::vector<Matrix>& mats, con
 // One row of fast::rms_norm: y = w * (x * (1 / sqrt(mean(x^2) + eps))) over n features read
 // with stride xs (weight: stride ws; none when w is null); y contiguous.
 void rms_norm_row(const float* x, int64_t xs, int n, float eps, const float* w, int64_t ws, float* y);
+// rms_norm_row over m contiguous rows of n (w contiguous or null), each row's bits as alone:
+// several rows' sums of squares side by side.
+void rms_norm_rows(const float* x, int m, int n, float eps, const float* w, float* y);
 
 // fast::rope's rotation parameters.
 struct RopeSpec {

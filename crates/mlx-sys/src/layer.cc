@@ -132,9 +132,7 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const 
   const float* xs = kernels::contiguous_f32(x, xc);
   const float* norm = kernels::contiguous_f32(in[1], nc);
   xn.resize(static_cast<size_t>(m) * h);
-  for (int r = 0; r < m; ++r) {
-    kernels::rms_norm_row(xs + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1, xn.data() + static_cast<size_t>(r) * h);
-  }
+  kernels::rms_norm_rows(xs, m, h, p.norm_eps, norm, xn.data());
   const Weights w(in, owners, 2, 3, p.bits);
   for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
   run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
@@ -213,10 +211,7 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   for (size_t i = 0; i < h1.size(); ++i) h1[i] = xs[i] + o[i];
   const float* norm = kernels::contiguous_f32(in[norm_at], nc);
   hn.resize(h1.size());
-  for (int r = 0; r < m; ++r) {
-    kernels::rms_norm_row(h1.data() + static_cast<size_t>(r) * h, 1, h, p.norm_eps, norm, 1,
-                          hn.data() + static_cast<size_t>(r) * h);
-  }
+  kernels::rms_norm_rows(h1.data(), m, h, p.norm_eps, norm, hn.data());
   const int inter = wm.mats[0].n;
   s.resize(static_cast<size_t>(m) * inter);
   run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
