@@ -59,9 +59,10 @@ struct Matrix {
 // 0 f32, 1 bf16, 2 int8, `threads` > 0 overrides the pool's count. A row's result does not
 // depend on M, except that in f32 precision on AVX-512 products of more than 256 rows
 // (kWindowMaxRows: prompt chunks) take a GEMM with another summation order (qmm.cc). The
-// first f32 product of at most 256 rows of a 4- or 8-bit matrix with an `owner` and whole
-// panels of 32 features on AVX-512 repacks it (qmm.cc, "Panel layout"; kept until the
-// owner's data is freed).
+// first f32 product of a 4- or 8-bit matrix with an `owner` and whole panels of 32 features
+// on AVX-512 repacks it (qmm.cc, "Panel layout"; kept until the owner's data is freed):
+// products of at most 256 rows compute on the copy, prompt chunks pack the GEMM's panels
+// from it (the same bits as from MLX's rows).
 void products(const float* x, int m, int k, const std::vector<Matrix>& mats, const std::vector<float*>& outs,
               bool swiglu, int gs, int bits, int max_isa, int precision, int threads);
 

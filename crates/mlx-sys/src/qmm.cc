@@ -11,7 +11,8 @@
 //     window (`run_rows`);
 //   - on AVX-512 in f32 precision repacks a matrix of whole panels of 32 features once
 //     (PanelCache) and computes it in the broadcast form, 32 features per vector, one FMA
-//     chain over K per output (rows_panels); the row kernels below serve the rest;
+//     chain over K per output (rows_panels; prompt chunks of more than 256 rows take the
+//     GEMM, whose panels are then packed from the copy); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
 //     register group of rows is one pointer);
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
