@@ -236,8 +236,8 @@ struct Avx2Attn {
 // The same two loops with AVX-512F, for D = Dv = 64 or 128 (Avx512Attn::fits): scores for
 // quads of query rows, each lane one row's FMA chain over a quarter of D fed by a broadcast of
 // four of a key's elements (scores_quad: one load per FMA and three vector operations per
-// four keys' reduction, where one row at a time took a reduction of 16 lanes per key). Values: tiles of 12 rows
-// (values_tile), then two rows at a time share each value row's loads and keep twice the
+// four keys' reduction, where one row at a time took a reduction of 16 lanes per key).
+// Values: tiles of 12 rows (values_tile), then two rows at a time share each value row's loads and keep twice the
 // FMA chains in flight (one row's D / 16 chains wait on the FMA latency); each row still sums
 // its keys in order.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline

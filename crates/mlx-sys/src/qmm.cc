@@ -964,6 +964,21 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
   }
 }
 
+// The weights of features 16h .. 16h + 15 of a panel at column kk of a quad (4 bits: the
+// quad's 64 bytes in `v`; 8 bits: read from `quad`), dequantized by the affine FMA with the
+// group's scales and biases of those features: MLX's values.
+template <int BITS>
+AVX512_FN_ALWAYS __m512 panel_weights(__m512i v, const uint8_t* quad, int kk, int h, __m512 sc, __m512 bi) {
+  __m512 q;
+  if constexpr (BITS == 4) {
+    q = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)),
+                              _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  } else {
+    q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h))));
+  }
+  return _mm512_fmadd_ps(q, sc, bi);
+}
+
 // gemm_pack's panel from the matrix's repacked copy (Panels, panel q = nb / 32): the same
 // weights (the affine FMA on the same q, scale and bias) in the same panel rows, read as one
 // stream of 32 features per column instead of 16 rows of K at once and transposed. Column
@@ -971,7 +986,6 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
 // prefill spent ~5.5% of its samples in gemm_pack, most of them waiting on the rows' loads.
 template <int BITS>
 AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool permute4, float* panel) {
-  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   int row_of[32];  // the panel row (within a 32-block of K) of column e
   for (int r = 0; r < 32; ++r) row_of[lane_source(r, permute4)] = r;
   const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
@@ -979,19 +993,12 @@ AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool
     const int g = (k0 + 4 * i) / pn.gs;
     const __m512 sc[2] = {_mm512_load_ps(pn.panel_s(q) + kPanelCols * g), _mm512_load_ps(pn.panel_s(q) + kPanelCols * g + 16)};
     const __m512 bi[2] = {_mm512_load_ps(pn.panel_b(q) + kPanelCols * g), _mm512_load_ps(pn.panel_b(q) + kPanelCols * g + 16)};
-    __m512i v = _mm512_setzero_si512();
-    if constexpr (BITS == 4) v = _mm512_load_si512(wq);
+    const __m512i v = BITS == 4 ? _mm512_load_si512(wq) : _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk) {
       const int e = 4 * i + kk;  // column k0 + e
       float* to = panel + kGemmCols * (e / 32 * 32 + row_of[e % 32]);
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-        __m512 w;
-        if constexpr (BITS == 4) {
-          w = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)), iota);
-        } else {
-          w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(wq + kPanelCols * kk + 16 * h))));
-        }
-        _mm512_store_ps(to + 16 * h, _mm512_fmadd_ps(w, sc[h], bi[h]));
+        _mm512_store_ps(to + 16 * h, panel_weights<BITS>(v, wq, kk, h, sc[h], bi[h]));
       }
     }
   }
@@ -1093,7 +1100,6 @@ AVX512_FN_ALWAYS __m512 fma_broadcast(const float* x, __m512 w, __m512 acc) {
 // kGemmDepth).
 template <int BITS, int P, int M, int XS, class XAt>
 AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, XAt x_at, float* out, size_t os) {
-  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int quads = pn.gs / 4;
   __m512 acc[P][M][2];
   _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
@@ -1112,7 +1118,7 @@ AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, XAt x_at, float* ou
       for (int i = 0; i < quads; ++i, xp += 4 * XS) {
         __m512i v[P];
         _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
-          if constexpr (BITS == 4) v[p] = _mm512_load_si512(wp[p]);
+          v[p] = BITS == 4 ? _mm512_load_si512(wp[p]) : _mm512_setzero_si512();
           _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
             _mm_prefetch(reinterpret_cast<const char*>(wp[p]) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
           }
@@ -1120,15 +1126,8 @@ AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, XAt x_at, float* ou
         _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
           _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
             _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
-              __m512 q;
-              if constexpr (BITS == 4) {
-                q = _mm512_permutexvar_ps(_mm512_srli_epi32(v[p], 4 * (2 * kk + h)), iota);
-              } else {
-                const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(wp[p] + kPanelCols * kk + 16 * h));
-                q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-              }
-              const __m512 w = _mm512_fmadd_ps(q, _mm512_load_ps(sp[p] + kPanelCols * g + 16 * h),
-                                               _mm512_load_ps(bp[p] + kPanelCols * g + 16 * h));
+              const __m512 w = panel_weights<BITS>(v[p], wp[p], kk, h, _mm512_load_ps(sp[p] + kPanelCols * g + 16 * h),
+                                                   _mm512_load_ps(bp[p] + kPanelCols * g + 16 * h));
               _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
                 acc[p][m][h] = fma_broadcast(xp + XS * kk + m, w, acc[p][m][h]);
               }
