@@ -187,13 +187,10 @@ struct Avx2Attn {
   // Where element d of query row r goes in the task's scaled queries: row by row.
   static size_t q_at(int r, int d, int d_len) { return static_cast<size_t>(r) * d_len + d; }
 
-  static void scores(const AttnProblem& p, int b, int kvh, const float* q, int, int j0, int j1, float* const* sr,
-                     bool lead, int last) {
-    scores_row(p, b, kvh, q, j0, j1, sr[0], lead, last);
-  }
-
-  static AVX2_FN void scores_row(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1, float* sr,
-                                 bool lead, int last) {
+  // One row (kScoreRows): its scores into sr_row[0].
+  static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int, int j0, int j1,
+                             float* const* sr_row, bool lead, int last) {
+    float* sr = sr_row[0];
     int j = j0;
     for (; j + 8 <= j1; j += 8) {
       if (lead && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);

@@ -532,6 +532,8 @@ AVX512_FN_ALWAYS __m512 decode16(const uint32_t* wr, int c) {
 // The element of a 32-block of x that lane j of the block holds in the weights' lane order:
 // for 4 bits the even elements, then the odd ones (the chunk pairs above); else j itself.
 constexpr int lane_source(int j, bool permute4) { return !permute4 ? j : j < 16 ? 2 * j : 2 * (j - 16) + 1; }
+// The lane of a 32-block that holds element e (lane_source's inverse).
+constexpr int lane_of(int e, bool permute4) { return !permute4 ? e : e % 2 == 0 ? e / 2 : 16 + e / 2; }
 
 // x [M, K] -> x' [M, K]: each 32-block in the 4-bit lane order (lane_source).
 void permute_x4(const float* x, int m, int k, float* out) {
@@ -982,12 +984,10 @@ AVX512_FN_ALWAYS __m512 panel_weights(__m512i v, const uint8_t* quad, int kk, in
 // gemm_pack's panel from the matrix's repacked copy (Panels, panel q = nb / 32): the same
 // weights (the affine FMA on the same q, scale and bias) in the same panel rows, read as one
 // stream of 32 features per column instead of 16 rows of K at once and transposed. Column
-// k0 + e goes to the panel row whose lane_source is e (x's order, gemm_pack_x). A Qwen
+// k0 + e goes to the panel row lane_of(e) (x's order, gemm_pack_x). A Qwen
 // prefill spent ~5.5% of its samples in gemm_pack, most of them waiting on the rows' loads.
 template <int BITS>
 AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool permute4, float* panel) {
-  int row_of[32];  // the panel row (within a 32-block of K) of column e
-  for (int r = 0; r < 32; ++r) row_of[lane_source(r, permute4)] = r;
   const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
   for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {
     const int g = (k0 + 4 * i) / pn.gs;
@@ -996,7 +996,7 @@ AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool
     const __m512i v = BITS == 4 ? _mm512_load_si512(wq) : _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk) {
       const int e = 4 * i + kk;  // column k0 + e
-      float* to = panel + kGemmCols * (e / 32 * 32 + row_of[e % 32]);
+      float* to = panel + kGemmCols * (e / 32 * 32 + lane_of(e % 32, permute4));
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
         _mm512_store_ps(to + 16 * h, panel_weights<BITS>(v, wq, kk, h, sc[h], bi[h]));
       }

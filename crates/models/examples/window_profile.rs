@@ -25,6 +25,34 @@ fn main() {
             .unwrap();
     let prompt_len: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(100);
     let prompt: Vec<u32> = (0..prompt_len).map(|i| 100 + i * 7).collect();
+    let ts: Vec<usize> = match std::env::args().nth(2) {
+        Some(a) => a.split(',').map(|t| t.parse().unwrap()).collect(),
+        None => vec![1, 2, 4, 8, 11, 16],
+    };
+    // One forward of `toks` on `cache`, ms.
+    let time_forward = |toks: &[u32], cache: &mut models::ModelCache| {
+        let t0 = Instant::now();
+        let logits = model.forward(&ids(toks).unwrap(), cache).unwrap();
+        eval(&[&logits]).unwrap();
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    if let Ok(n) = std::env::var("WINDOW_PROFILE_LOOP") {
+        // For `perf`: one prefill, then n forwards of each T rolled back, nothing else.
+        let n: usize = n.parse().unwrap_or_else(|_| panic!("WINDOW_PROFILE_LOOP={n}: expected a count"));
+        let (mut cache, _) = prefill(&model, &prompt).unwrap();
+        for t in ts {
+            let toks: Vec<u32> = (0..t as u32).map(|i| 300 + i).collect();
+            let fwd = (0..n)
+                .map(|_| {
+                    let ms = time_forward(&toks, &mut cache);
+                    cache.trim(t);
+                    ms
+                })
+                .collect();
+            println!("T={t:2}: forward {:6.2} ms (after one prefill, rolled back)", median(fwd));
+        }
+        return;
+    }
     let (h, inter, kv, layers, vocab) = (576, 1536, 192, 30, 49152);
     let key = random::Key::new(1);
     let mat = |n: i32, k: i32, bits: i32| -> QuantizedMatrix {
@@ -42,38 +70,14 @@ fn main() {
     );
     let head = mat(vocab, h, 8);
     eval(&[&q.weight, &kk.weight, &v.weight, &o.weight, &g.weight, &u.weight, &d.weight, &head.weight]).unwrap();
-    let ts: Vec<usize> = match std::env::args().nth(2) {
-        Some(a) => a.split(',').map(|t| t.parse().unwrap()).collect(),
-        None => vec![1, 2, 4, 8, 11, 16],
-    };
     let policy = mlx_core::KernelPolicy::all_on();
-    if let Some(n) = std::env::var("WINDOW_PROFILE_LOOP").ok().and_then(|s| s.parse::<usize>().ok()) {
-        // For `perf`: one prefill, then n forwards of each T rolled back, nothing else.
-        let (mut cache, _) = prefill(&model, &prompt).unwrap();
-        for t in ts {
-            let toks: Vec<u32> = (0..t as u32).map(|i| 300 + i).collect();
-            let mut fwd = Vec::new();
-            for _ in 0..n {
-                let t0 = Instant::now();
-                let logits = model.forward(&ids(&toks).unwrap(), &mut cache).unwrap();
-                eval(&[&logits]).unwrap();
-                fwd.push(t0.elapsed().as_secs_f64() * 1e3);
-                cache.trim(t);
-            }
-            println!("T={t:2}: forward {:6.2} ms (after one prefill, rolled back)", median(fwd));
-        }
-        return;
-    }
     for t in ts {
         let mut fwd = Vec::new();
         let mut prods = Vec::new();
         for _ in 0..15 {
             let (mut cache, _) = prefill(&model, &prompt).unwrap();
             let toks: Vec<u32> = (0..t as u32).map(|i| 300 + i).collect();
-            let t0 = Instant::now();
-            let logits = model.forward(&ids(&toks).unwrap(), &mut cache).unwrap();
-            eval(&[&logits]).unwrap();
-            fwd.push(t0.elapsed().as_secs_f64() * 1e3);
+            fwd.push(time_forward(&toks, &mut cache));
 
             let xh = random::normal(&[1, t as i32, h], Dtype::Float32, 0.0, 1.0, &key).unwrap();
             let xi = random::normal(&[1, t as i32, inter], Dtype::Float32, 0.0, 1.0, &key).unwrap();
