@@ -100,7 +100,10 @@ pub fn default_device() -> String {
 
 /// Which library computes f32 matrix products (`cblas_sgemm`) on the CPU backend, e.g.
 /// `openblas (/usr/lib/x86_64-linux-gnu/libopenblas.so.0) OpenBLAS 0.3.21 ... threads=2`
-/// or `reference (.../mlx_cpu.libs/libblas-bd8a282c.so.3.10.0)`.
+/// or `reference (.../mlx_cpu.libs/libblas-bd8a282c.so.3.10.0)`. When the switch chose
+/// OpenBLAS's kernel family itself (OpenBLAS detected a generic pre-AVX2 core on a CPU with
+/// AVX2 or AVX-512), a note follows: `(kernels SkylakeX chosen from the CPU's features;
+/// OpenBLAS detected Prescott)`.
 pub fn blas_info() -> String {
     crate::settings::apply_process();
     ffi::blas_info()
