@@ -57,7 +57,7 @@ struct Provider {
 // Loads `lib` privately (RTLD_LOCAL, so its other symbols do not leak into the process) and
 // returns its cblas_sgemm, or nullptr when the library or the symbol is missing.
 Provider load(const std::string& name, const std::string& lib) {
-  Provider p{name, lib, nullptr};
+  Provider p{name, lib, nullptr, nullptr, {}};
   if (lib.empty()) return p;  // dlopen("") would return the executable itself
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h) {

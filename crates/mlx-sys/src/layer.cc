@@ -33,6 +33,7 @@
 #include "mlx-sys/src/shim.h"
 #include "mlx-sys/src/kernels.h"
 #include "mlx-sys/src/lib.rs.h"
+#include "mlx-sys/src/pool.h"
 
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
@@ -114,6 +115,46 @@ void run_products(const LayerParams& p, const float* x, int m, int k, const Weig
   kernels::products(x, m, k, mats, outs, swiglu, gs, p.bits, p.max_isa, p.precision, p.threads);
 }
 
+// fn(i0, i1) over [0, n) in one range a pool thread for a window (m > 1 rows), on the calling
+// thread alone for one row. The element-wise parts of a layer (RoPE, the transposes, residual
+// adds, norms) are each a few microseconds of a window's layer; run on the calling thread
+// they left the other core spinning for about a tenth of a window. An item's arithmetic does
+// not depend on the range it falls in, so the bits are those of one thread.
+template <class Fn>
+void split_items(int m, int n, int threads, Fn fn) {
+  const int parts = m > 1 ? std::min(Pool::get().threads(threads), n) : 1;
+  if (parts <= 1) return fn(0, n);
+  Pool::get().run(parts, [&](int i) { fn(static_cast<int64_t>(n) * i / parts, static_cast<int64_t>(n) * (i + 1) / parts); },
+                  Pool::Linger::kLong, threads);
+}
+
+// RoPE's cos and sin table for `l` rows from `offset` (kernels::rope_table), kept between
+// calls on this thread: every layer of a forward asks for the same one (a window's 11 rows of
+// 32 frequencies cost ~700 cos/sin evaluations a layer).
+struct RopeTable {
+  kernels::RopeSpec spec{};
+  std::vector<float> freqs, cs, sn;
+  int offset = -1, l = -1;
+
+  const RopeTable& at(const kernels::RopeSpec& want, int want_offset, int want_l) {
+    const int half = want.dims / 2;
+    bool same = want_offset == offset && want_l == l && want.dims == spec.dims &&
+                want.traditional == spec.traditional && want.base == spec.base && want.scale == spec.scale &&
+                (want.freqs == nullptr) == (spec.freqs == nullptr);
+    for (int i = 0; same && want.freqs && i < half; ++i) same = want.freqs[i * want.freqs_stride] == freqs[i];
+    if (same) return *this;
+    kernels::rope_table(want, want_offset, nullptr, 0, want_l, cs, sn);
+    spec = want;
+    freqs.clear();
+    for (int i = 0; want.freqs && i < half; ++i) freqs.push_back(want.freqs[i * want.freqs_stride]);
+    spec.freqs = want.freqs ? freqs.data() : nullptr;  // compared by value, never read through
+    spec.freqs_stride = 1;
+    offset = want_offset;
+    l = want_l;
+    return *this;
+  }
+};
+
 // y[r, j] = y[r, j] + bias[j] over m rows of n (MLX's add of a broadcast bias).
 void add_bias(float* y, const float* bias, int m, int n) {
   for (int r = 0; r < m; ++r) {
@@ -128,11 +169,15 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const 
   const mx::array& x = in[0];
   const int b = x.shape(0), l = x.shape(1), h = x.shape(2), m = b * l, d = p.head_dim;
   const int nh[3] = {p.n_heads, p.n_kv_heads, p.n_kv_heads};
-  thread_local std::vector<float> xc, nc, xn, y[3], tmp, vec_tmp[5];
+  thread_local std::vector<float> xc, nc, xn, y[3], vec_tmp[5];
+  thread_local RopeTable rope;
   const float* xs = kernels::contiguous_f32(x, xc);
   const float* norm = kernels::contiguous_f32(in[1], nc);
   xn.resize(static_cast<size_t>(m) * h);
-  kernels::rms_norm_rows(xs, m, h, p.norm_eps, norm, xn.data());
+  float* const xnd = xn.data();  // the pool's threads see their own thread_locals, not these
+  split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
+    kernels::rms_norm_rows(xs + r0 * h, static_cast<int>(r1 - r0), h, p.norm_eps, norm, xnd + r0 * h);
+  });
   const Weights w(in, owners, 2, 3, p.bits);
   for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
   run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
@@ -150,32 +195,35 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const 
   const kernels::RopeSpec spec{p.rope_dims, p.rope_traditional, p.rope_base, p.rope_scale,
                                p.rope_has_base ? nullptr : in[at].data<float>(),
                                p.rope_has_base ? 0 : in[at].strides().back()};
-  std::vector<float> cs, sn;
-  kernels::rope_table(spec, p.offset, nullptr, 0, l, cs, sn);
+  const RopeTable& table = rope.at(spec, p.offset, l);
   const int half = p.rope_dims / 2;
-  tmp.resize(d);
   // Row (b, l) of projection j, head hd -> out[j] [b, hd, l, :]: normed (q, k when
-  // configured), roped (q, k) or copied (v).
-  for (int j = 0; j < 3; ++j) {
-    for (int bi = 0; bi < b; ++bi) {
-      for (int li = 0; li < l; ++li) {
-        for (int hd = 0; hd < nh[j]; ++hd) {
-          const float* src = y[j].data() + (static_cast<size_t>(bi * l + li) * nh[j] + hd) * d;
-          float* row = out[j] + ((static_cast<size_t>(bi) * nh[j] + hd) * l + li) * d;
-          if (j == 2) {
-            std::copy(src, src + d, row);
-            continue;
-          }
-          if (qk_norm[j]) {
-            kernels::rms_norm_row(src, 1, d, p.qk_norm_eps, qk_norm[j], 1, tmp.data());
-            src = tmp.data();
-          }
-          kernels::rope_row(spec, src, 1, d, cs.data() + static_cast<size_t>(li) * half,
-                            sn.data() + static_cast<size_t>(li) * half, row);
-        }
+  // configured), roped (q, k) or copied (v); item i of the m * (Hq + 2 Hkv) rows is head
+  // i % nh of row i / nh of the projection it falls in.
+  const int per_row = nh[0] + nh[1] + nh[2];
+  const float* const yd[3] = {y[0].data(), y[1].data(), y[2].data()};
+  split_items(m, m * per_row, p.threads, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> tmp;
+    tmp.resize(d);
+    for (int64_t i = i0; i < i1; ++i) {
+      int j = 0;
+      int64_t at_j = i;  // the item's index within projection j's m * nh[j] rows
+      for (; at_j >= static_cast<int64_t>(m) * nh[j]; ++j) at_j -= static_cast<int64_t>(m) * nh[j];
+      const int r = static_cast<int>(at_j / nh[j]), hd = static_cast<int>(at_j % nh[j]), bi = r / l, li = r % l;
+      const float* src = yd[j] + (static_cast<size_t>(r) * nh[j] + hd) * d;
+      float* row = out[j] + ((static_cast<size_t>(bi) * nh[j] + hd) * l + li) * d;
+      if (j == 2) {
+        std::copy(src, src + d, row);
+        continue;
       }
+      if (qk_norm[j]) {
+        kernels::rms_norm_row(src, 1, d, p.qk_norm_eps, qk_norm[j], 1, tmp.data());
+        src = tmp.data();
+      }
+      kernels::rope_row(spec, src, 1, d, table.cs.data() + static_cast<size_t>(li) * half,
+                        table.sn.data() + static_cast<size_t>(li) * half, row);
     }
-  }
+  });
 }
 
 // The second half of the layer: y [B, L, H] (contiguous) for the residual stream x, queries
@@ -192,14 +240,17 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   kernels::attention(q, k, v, attn.data(), b, hq, p.n_kv_heads, l, t, d, d, p.scale, l > 1);
   // [B, Hq, L, D] -> [B, L, Hq * D], the o product's rows.
   ao.resize(attn.size());
-  for (int bi = 0; bi < b; ++bi) {
-    for (int hd = 0; hd < hq; ++hd) {
-      for (int li = 0; li < l; ++li) {
-        const float* src = attn.data() + ((static_cast<size_t>(bi) * hq + hd) * l + li) * d;
-        std::copy(src, src + d, ao.data() + static_cast<size_t>(bi * l + li) * qd + static_cast<size_t>(hd) * d);
+  const float* const attn_d = attn.data();
+  float* const ao_d = ao.data();
+  split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t bi = r / l, li = r % l;
+      for (int hd = 0; hd < hq; ++hd) {
+        const float* src = attn_d + ((bi * hq + hd) * l + li) * d;
+        std::copy(src, src + d, ao_d + r * qd + static_cast<int64_t>(hd) * d);
       }
     }
-  }
+  });
   const int per = weight_inputs(p.bits);
   const size_t norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
   const Weights wo(in, owners, o_at, 1, p.bits), wm(in, owners, mlp_at, 3, p.bits);
@@ -208,16 +259,24 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
   const float* xs = kernels::contiguous_f32(x, xc);
   h1.resize(o.size());
-  for (size_t i = 0; i < h1.size(); ++i) h1[i] = xs[i] + o[i];
   const float* norm = kernels::contiguous_f32(in[norm_at], nc);
   hn.resize(h1.size());
-  kernels::rms_norm_rows(h1.data(), m, h, p.norm_eps, norm, hn.data());
+  float* const h1_d = h1.data();
+  float* const hn_d = hn.data();
+  const float* const o_d = o.data();
+  split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * h; i < r1 * h; ++i) h1_d[i] = xs[i] + o_d[i];
+    kernels::rms_norm_rows(h1_d + r0 * h, static_cast<int>(r1 - r0), h, p.norm_eps, norm, hn_d + r0 * h);
+  });
   const int inter = wm.mats[0].n;
   s.resize(static_cast<size_t>(m) * inter);
   run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
   dn.resize(h1.size());
   run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
-  for (size_t i = 0; i < h1.size(); ++i) y[i] = h1[i] + dn[i];
+  const float* const dn_d = dn.data();
+  split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * h; i < r1 * h; ++i) y[i] = h1_d[i] + dn_d[i];
+  });
 }
 
 // Inputs: x [B, L, H], norm [H], the q, k, v weights (weight_inputs(bits) inputs each), then

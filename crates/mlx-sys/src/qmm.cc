@@ -1154,12 +1154,15 @@ AVX512_FN void panel_run(const Panels& pn, int q, int q1, XAt x_at, float* out, 
 
 // x [M, K] (K a multiple of 16) -> Problem::xp: per block of kPanelXRows rows (at
 // b * kPanelXRows * K) column by column, the block's 16 values of column k at 16 k, rows
-// past M zero; 16 x 16 register transposes, the blocks split over the pool.
+// past M zero; 16 x 16 register transposes of columns [c0, c1) (multiples of 16) of block b.
+// The pool takes blocks, and a window of one block (up to 16 rows: every verify window) in
+// column ranges, one a thread: a whole block on the calling thread left the other core
+// spinning through four packs a layer.
 constexpr int kPanelXRows = 16;
-AVX512_FN void panel_pack_block(const float* x, int m, int k, int b, float* out) {
+AVX512_FN void panel_pack_block(const float* x, int m, int k, int b, int c0, int c1, float* out) {
   const int r0 = b * kPanelXRows, rows = std::min(kPanelXRows, m - r0);
   float* to = out + static_cast<size_t>(r0) * k;
-  for (int c = 0; c < k; c += 16) {
+  for (int c = c0; c < c1; c += 16) {
     __m512 r[16];
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) {
       r[i] = i < rows ? _mm512_loadu_ps(x + static_cast<size_t>(r0 + i) * k + c) : _mm512_setzero_ps();
@@ -1169,7 +1172,13 @@ AVX512_FN void panel_pack_block(const float* x, int m, int k, int b, float* out)
   }
 }
 void panel_pack_x(const float* x, int m, int k, float* out, int threads) {
-  Pool::get().run((m + kPanelXRows - 1) / kPanelXRows, [&](int b) { panel_pack_block(x, m, k, b, out); },
+  const int blocks = (m + kPanelXRows - 1) / kPanelXRows, workers = Pool::get().threads(threads);
+  if (blocks >= workers) {
+    Pool::get().run(blocks, [&](int b) { panel_pack_block(x, m, k, b, 0, k, out); }, Pool::Linger::kLong, threads);
+    return;
+  }
+  const int units = k / 16, parts = std::min(workers, units);  // column ranges of one block
+  Pool::get().run(parts, [&](int i) { panel_pack_block(x, m, k, 0, 16 * (units * i / parts), 16 * (units * (i + 1) / parts), out); },
                   Pool::Linger::kLong, threads);
 }
 
