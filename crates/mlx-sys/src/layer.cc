@@ -115,8 +115,8 @@ void run_products(const LayerParams& p, const float* x, int m, int k, const Weig
   kernels::products(x, m, k, mats, outs, swiglu, gs, p.bits, p.max_isa, p.precision, p.threads);
 }
 
-// fn(i0, i1) over [0, n) in one range a pool thread for a window (m > 1 rows), on the calling
-// thread alone for one row. The element-wise parts of a layer (RoPE, the transposes, residual
+// fn(i0, i1) over [0, n): for a window (m > 1 rows) one range per pool thread, for one row on
+// the calling thread alone. The element-wise parts of a layer (RoPE, the transposes, residual
 // adds, norms) are each a few microseconds of a window's layer; run on the calling thread
 // they left the other core spinning for about a tenth of a window. An item's arithmetic does
 // not depend on the range it falls in, so the bits are those of one thread.
