@@ -75,17 +75,6 @@ Provider load(const std::string& name, const std::string& lib) {
 
 Provider reference() { return load("reference", MLXSYS_REFERENCE_BLAS); }
 
-// OpenBLAS's kernel family ("core"), as `openblas_get_corename` names it; empty when the
-// library is not loaded or is not OpenBLAS.
-std::string core_name(const std::string& lib) {
-  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (!h) return {};
-  auto name = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
-  std::string s = name ? name() : "";
-  dlclose(h);  // drops the reference NOLOAD took
-  return s;
-}
-
 // The kernel family this CPU can run when OpenBLAS picked one below it, else empty.
 // A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernels from the CPU's family and model
 // numbers; a model it does not know (0.3.21 on the cloud Xeons this project runs on, which
@@ -120,12 +109,13 @@ Provider openblas() {
   const std::string lib = "libopenblas.so.0";
   Provider p = load("openblas", lib);
   if (!p.sgemm || std::getenv("OPENBLAS_CORETYPE")) return p;
-  const std::string detected = core_name(p.path);
-  const std::string core = better_core(detected);
-  if (core.empty()) return p;
   void* h = dlopen(p.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (!h) return p;
+  auto corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
+  const std::string detected = corename ? corename() : "";
+  const std::string core = better_core(detected);
   dlclose(h);  // the NOLOAD reference
+  if (core.empty()) return p;
   dlclose(h);  // load()'s reference: the library is unloaded unless something else holds it
   if (void* kept = dlopen(p.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
     Provider same = load("openblas", lib);  // still loaded elsewhere: keep its kernels
