@@ -182,6 +182,7 @@ constexpr int kValueTileRows = 12;
 struct Avx2Attn {
   static constexpr int kScoreStep = 8;
   static constexpr int kScoreRows = 1;
+  static constexpr int kQueryPad = 1;
   static constexpr bool kValueTiles = false;
 
   // Where element d of query row r goes in the task's scaled queries: row by row.
@@ -231,50 +232,76 @@ struct Avx2Attn {
 };
 
 // The same two loops with AVX-512F, for D = Dv = 64 or 128 (Avx512Attn::fits): scores for
-// quads of query rows, each lane one row's FMA chain over a quarter of D fed by a broadcast of
-// four of a key's elements (scores_quad: one load per FMA and three vector operations per
-// four keys' reduction, where one row at a time took a reduction of 16 lanes per key).
-// Values: tiles of 12 rows (values_tile), then two rows at a time share each value row's loads and keep twice the
-// FMA chains in flight (one row's D / 16 chains wait on the FMA latency); each row still sums
-// its keys in order.
+// up to four quads of query rows at once, each lane one row's FMA chain over a quarter of D fed
+// by a broadcast of four of a key's elements (scores_quads: one load per FMA at most and three
+// vector operations per four keys' reduction, where one row at a time took a reduction of 16
+// lanes per key). Values: tiles of 3 to 12 rows (values_tile), then two rows at a time share
+// each value row's loads and keep twice the FMA chains in flight (one row's D / 16 chains wait
+// on the FMA latency); each row still sums its keys in order.
 #define AVX512_FN __attribute__((target("avx512f,avx2,fma"))) inline
 #define AVX512_FN_ALWAYS __attribute__((target("avx512f,avx2,fma"), always_inline)) inline
 
-// Scores of keys [j0, j1) of a quad of query rows (up to 4; `rows` of them real), S = D / 4.
-// The quad's scaled queries are packed by Avx512Attn::q_at: vector s holds elements 4s .. 4s + 3
-// of each row, row i in lanes 4i .. 4i + 3, so one 128-bit broadcast of a key's elements
-// 4s .. 4s + 3 feeds all four rows: lane 4i + c sums q_i[4s + c] k[4s + c] over s in one FMA
-// chain from zero, and a key's score for row i is (c0 + c2) + (c1 + c3) of its four lanes,
-// taken for four keys at once by two transposing add steps (lane 4i + u of the result: key
-// j + u, row i). The same operations in the same order whatever the other rows of the quad,
-// the window or the task: a row's bits. Keys past j1 in the last group of four repeat the last
-// key; their scores land past every row's keys (segment_softmax pads over them).
-template <int S>
-AVX512_FN void scores_quad(const AttnProblem& p, int b, int kvh, const float* qp, int rows, int j0, int j1,
-                           float* const* sr, bool lead, int last) {
-  for (int j = j0; j < j1; j += 4) {
-    if (lead && j + kKeyBlock + 4 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 4, p.d);
-    const float* kr[4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) kr[u] = p.k.row(b, kvh, std::min(j + u, j1 - 1));
-    __m512 acc[4];
-    _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[u] = _mm512_setzero_ps();
-    _Pragma("GCC unroll 16") for (int st = 0; st < S; ++st) {
-      const __m512 q = _mm512_loadu_ps(qp + 16 * st);
-      _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) {
-        acc[u] = _mm512_fmadd_ps(q, _mm512_broadcast_f32x4(_mm_loadu_ps(kr[u] + 4 * st)), acc[u]);
+// Scores of keys [j0, j1) of NQ quads of query rows (up to 4 NQ; `rows` of them real), U keys
+// at a time (a multiple of 4), S = D / 4. A quad's scaled queries are packed by
+// Avx512Attn::q_at: vector s holds elements 4s .. 4s + 3 of each row, row i in lanes 4i .. 4i + 3,
+// so one 128-bit broadcast of a key's elements 4s .. 4s + 3 feeds all four rows of every quad:
+// lane 4i + c sums q_i[4s + c] k[4s + c] over s in one FMA chain from zero, and a key's score
+// for row i is (c0 + c2) + (c1 + c3) of its four lanes, taken for four keys at once by two
+// transposing add steps (lane 4i + u of the result: key j + u, row i). NQ x U accumulators:
+// with two or more quads 8 to 16 independent FMA chains (two FMAs a cycle of four cycles'
+// latency; a window's rows one quad at a time kept half of them waiting), and a key's
+// broadcast serves NQ quads (`attn_profile`, 11-token window over 400 keys: 0.85-0.88x the
+// time of one quad at a time, arms alternated). The same operations
+// in the same order whatever the other rows, quads, the window or the task: a row's bits. Keys
+// past j1 in the last group of U repeat the last key; their scores land past every row's keys
+// (segment_softmax pads over them; the score rows are padded to kScoreStep).
+template <int S, int NQ, int U>
+AVX512_FN void scores_quads(const AttnProblem& p, int b, int kvh, const float* qp, int rows, int j0, int j1,
+                            float* const* sr, bool lead, int last) {
+  constexpr size_t kQuad = 16 * S;  // floats of a quad's packed queries (4 rows of D)
+  for (int j = j0; j < j1; j += U) {
+    if (lead && j + kKeyBlock + U <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, U, p.d);
+    const float* kr[U];
+    _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) kr[u] = p.k.row(b, kvh, std::min(j + u, j1 - 1));
+    __m512 acc[NQ][U];
+    _Pragma("GCC unroll 4") for (int g = 0; g < NQ; ++g)
+      _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) acc[g][u] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int st = 0; st < S; ++st) {
+      __m512 kb[U];
+      _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) kb[u] = _mm512_broadcast_f32x4(_mm_loadu_ps(kr[u] + 4 * st));
+      _Pragma("GCC unroll 4") for (int g = 0; g < NQ; ++g) {
+        const __m512 q = _mm512_loadu_ps(qp + kQuad * g + 16 * st);
+        _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) acc[g][u] = _mm512_fmadd_ps(q, kb[u], acc[g][u]);
       }
     }
     // Per 128-bit lane i: [c0 + c2, c1 + c3] of keys u, u + 1, then their sum per key.
-    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(acc[0], acc[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
-    _mm_storeu_ps(sr[0] + j, _mm512_castps512_ps128(r));
-    if (rows > 1) _mm_storeu_ps(sr[1] + j, _mm512_extractf32x4_ps(r, 1));
-    if (rows > 2) _mm_storeu_ps(sr[2] + j, _mm512_extractf32x4_ps(r, 2));
-    if (rows > 3) _mm_storeu_ps(sr[3] + j, _mm512_extractf32x4_ps(r, 3));
+    _Pragma("GCC unroll 4") for (int g = 0; g < NQ; ++g)
+      _Pragma("GCC unroll 2") for (int u = 0; u < U; u += 4) {
+        const __m512 u01 = _mm512_add_ps(_mm512_shuffle_ps(acc[g][u], acc[g][u + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                         _mm512_shuffle_ps(acc[g][u], acc[g][u + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m512 u23 = _mm512_add_ps(_mm512_shuffle_ps(acc[g][u + 2], acc[g][u + 3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                         _mm512_shuffle_ps(acc[g][u + 2], acc[g][u + 3], _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)));
+        const int row = 4 * g;
+        if (row < rows) _mm_storeu_ps(sr[row] + j + u, _mm512_castps512_ps128(r));
+        if (row + 1 < rows) _mm_storeu_ps(sr[row + 1] + j + u, _mm512_extractf32x4_ps(r, 1));
+        if (row + 2 < rows) _mm_storeu_ps(sr[row + 2] + j + u, _mm512_extractf32x4_ps(r, 2));
+        if (row + 3 < rows) _mm_storeu_ps(sr[row + 3] + j + u, _mm512_extractf32x4_ps(r, 3));
+      }
+  }
+}
+
+// scores_quads for up to 16 rows, four keys at a time (a lone quad eight at a time: no faster
+// in `attn_profile`'s one-token steps, which stream their keys from memory).
+template <int S>
+void scores_rows(const AttnProblem& p, int b, int kvh, const float* qp, int rows, int j0, int j1, float* const* sr,
+                 bool lead, int last) {
+  switch ((rows + 3) / 4) {
+    case 1: return scores_quads<S, 1, 4>(p, b, kvh, qp, rows, j0, j1, sr, lead, last);
+    case 2: return scores_quads<S, 2, 4>(p, b, kvh, qp, rows, j0, j1, sr, lead, last);
+    case 3: return scores_quads<S, 3, 4>(p, b, kvh, qp, rows, j0, j1, sr, lead, last);
+    default: return scores_quads<S, 4, 4>(p, b, kvh, qp, rows, j0, j1, sr, lead, last);
   }
 }
 
@@ -299,27 +326,33 @@ AVX512_FN void values512(const AttnProblem& p, int b, int kvh, const float* cons
 
 struct Avx512Attn {
   static constexpr int kScoreStep = 16;
-  static constexpr int kScoreRows = 4;
+  static constexpr int kScoreRows = 16;
+  static constexpr int kQueryPad = 4;  // whole quads of scaled queries
   static constexpr bool kValueTiles = true;
+  static constexpr int kMinTileRows = 3;  // fewer: values2 (8 chains for two rows against a tile's 4)
 
   // Where element d of query row r goes in the task's scaled queries: in quads of rows
-  // (scores_quad), 4 (r / 4) D + 16 (d / 4) + 4 (r % 4) + d % 4.
+  // (scores_quads), 4 (r / 4) D + 16 (d / 4) + 4 (r % 4) + d % 4.
   static size_t q_at(int r, int d, int d_len) {
     return static_cast<size_t>(r / 4) * 4 * d_len + 16 * (d / 4) + 4 * (r % 4) + d % 4;
   }
 
-  // Weighted values of keys [j0, j1) for kValueTileRows query rows at once (scores sr[r] by key
-  // index, accumulators a[r]), as the prompt GEMM's micro-kernel (qmm.cc, gemm_tile) runs: the
-  // rows' weights packed key by key into `w` ([key][12]), then per 32 columns of Dv a 12 x 32
-  // tile of accumulators in 24 registers, fed per key by two value loads and 12 broadcasts (14
-  // loads per 24 FMAs; values512 with two rows: 10 per 16). Each accumulator starts from the
-  // row's partial sum and adds the keys in order, one FMA each: values512's bits.
-  static AVX512_FN void values_tile(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
-                                    float* const* a, float* w) {
-    constexpr int R = kValueTileRows;
+  // Weighted values of keys [j0, j1) for R query rows at once (R <= kValueTileRows; scores
+  // sr[r] by key index, accumulators a[r]), as the prompt GEMM's micro-kernel (qmm.cc,
+  // gemm_tile) runs: the rows' weights packed key by key into `w` ([key][R]), then per 32
+  // columns of Dv an R x 32 tile of accumulators in 2R registers, fed per key by two value
+  // loads and R broadcasts (12 rows: 14 loads per 24 FMAs; values512 with two rows: 10 per 16).
+  // Each accumulator starts from the row's partial sum and adds the keys in order, one FMA
+  // each: values512's bits. The first pass asks for the next block's value rows below `last`
+  // (0: another tile of the task does).
+  template <int R>
+  static AVX512_FN void values_tile_of(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
+                                       float* const* a, float* w, int last) {
     const int n = j1 - j0;
-    for (int j = 0; j < n; ++j)
-      for (int r = 0; r < R; ++r) w[j * R + r] = sr[r][j0 + j];
+    _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
+      const float* from = sr[r] + j0;
+      for (int j = 0; j < n; ++j) w[j * R + r] = from[j];
+    }
     const int64_t vs = p.v.sl;
     for (int c0 = 0; c0 < p.dv; c0 += 32) {
       __m512 acc[R][2];
@@ -330,6 +363,7 @@ struct Avx512Attn {
       const float* vr = p.v.row(b, kvh, j0) + c0;
       const float* wj = w;
       _Pragma("GCC unroll 2") for (int j = 0; j < n; ++j, vr += vs, wj += R) {
+        if (c0 == 0 && j0 + j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j0 + j + kKeyBlock, 1, p.dv);
         const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
         _Pragma("GCC unroll 12") for (int r = 0; r < R; ++r) {
           const __m512 x = _mm512_set1_ps(wj[r]);
@@ -344,11 +378,28 @@ struct Avx512Attn {
     }
   }
 
+  // values_tile_of for `rows` rows, kMinTileRows .. kValueTileRows.
+  static void values_tile(const AttnProblem& p, int b, int kvh, int rows, const float* const* sr, int j0, int j1,
+                          float* const* a, float* w, int last) {
+    switch (rows) {
+      case 3: return values_tile_of<3>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 4: return values_tile_of<4>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 5: return values_tile_of<5>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 6: return values_tile_of<6>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 7: return values_tile_of<7>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 8: return values_tile_of<8>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 9: return values_tile_of<9>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 10: return values_tile_of<10>(p, b, kvh, sr, j0, j1, a, w, last);
+      case 11: return values_tile_of<11>(p, b, kvh, sr, j0, j1, a, w, last);
+      default: return values_tile_of<kValueTileRows>(p, b, kvh, sr, j0, j1, a, w, last);
+    }
+  }
+
   static bool fits(const AttnProblem& p) { return (p.d == 64 || p.d == 128) && p.dv == p.d; }
 
   static void scores(const AttnProblem& p, int b, int kvh, const float* q, int rows, int j0, int j1, float* const* sr,
                      bool lead, int last) {
-    (p.d == 64 ? scores_quad<16> : scores_quad<32>)(p, b, kvh, q, rows, j0, j1, sr, lead, last);
+    (p.d == 64 ? scores_rows<16> : scores_rows<32>)(p, b, kvh, q, rows, j0, j1, sr, lead, last);
   }
 
   // Rows r0 and r1 (keys [j0, j1_0) and [j0, j1_1)): together over the keys both see, then the
@@ -401,7 +452,8 @@ void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_be
   constexpr int G = Isa::kScoreRows;
   const int stride = (j_end - j_begin + Isa::kScoreStep - 1) / Isa::kScoreStep * Isa::kScoreStep;
   s.resize(static_cast<size_t>(rows.count()) * stride);
-  qs.assign(static_cast<size_t>((rows.count() + G - 1) / G) * G * p.d, 0.f);  // padding rows: zeros
+  constexpr int pad = Isa::kQueryPad;
+  qs.assign(static_cast<size_t>((rows.count() + pad - 1) / pad) * pad * p.d, 0.f);  // padding rows: zeros
   for (int r = 0; r < rows.count(); ++r) {
     const float* qr = p.q.row(b, rows.head(r), rows.query(r));
     for (int d = 0; d < p.d; ++d) qs[Isa::q_at(r, d, p.d)] = qr[d] * p.scale;
@@ -431,27 +483,30 @@ void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_be
       segment_softmax(scores_of(r) + j_begin, n, &o[p.dv], &o[p.dv + 1]);
     }
   }
-  // Values in tiles of kValueTileRows rows where the Isa has them (over the keys all rows of
-  // the tile see, then each row alone over the rest), then two rows at a time
-  // (Isa::values2), an odd row alone.
+  // Values in balanced tiles of Isa::kMinTileRows to kValueTileRows rows where the Isa has
+  // them (over the keys all rows of the tile see, then each row alone over the rest; 17 rows:
+  // 9 + 8), then two rows at a time (Isa::values2), an odd row alone.
   for (int j0 = j_begin; j0 < last; j0 += kKeyBlock) {
     auto end = [&](int r) { return std::max(j0, std::min(j0 + kKeyBlock, row_end(r))); };
     int r = 0;
     if constexpr (Isa::kValueTiles) {
       thread_local std::vector<float> w(kKeyBlock * kValueTileRows);
-      for (; r + kValueTileRows <= rows.count(); r += kValueTileRows) {
+      const int tiles = (rows.count() + kValueTileRows - 1) / kValueTileRows;
+      for (int t = 0; t < tiles && rows.count() - r >= Isa::kMinTileRows; ++t) {
+        const int n = (rows.count() - r + tiles - t - 1) / (tiles - t);
         const float* sr[kValueTileRows];
         float* a[kValueTileRows];
         int all = j0 + kKeyBlock;
-        for (int i = 0; i < kValueTileRows; ++i) {
+        for (int i = 0; i < n; ++i) {
           sr[i] = scores_of(r + i);
           a[i] = part + (r + i) * part_stride;
           all = std::min(all, end(r + i));
         }
-        Isa::values_tile(p, b, kvh, sr, j0, all, a, w.data());
-        for (int i = 0; i < kValueTileRows; ++i) {
+        Isa::values_tile(p, b, kvh, n, sr, j0, all, a, w.data(), t == 0 ? last : 0);
+        for (int i = 0; i < n; ++i) {
           if (all < end(r + i)) Isa::values(p, b, kvh, sr[i], all, end(r + i), a[i], false, last);
         }
+        r += n;
       }
     }
     for (; r + 2 <= rows.count(); r += 2) {
