@@ -7,6 +7,7 @@
 // splits its work over the shared pool (pool.h) as the single nodes do.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -74,6 +75,8 @@ void rms_norm_row(const float* x, int64_t xs, int n, float eps, const float* w, 
 // rms_norm_row over m contiguous rows of n (w contiguous or null), each row's bits as alone:
 // several rows' sums of squares side by side.
 void rms_norm_rows(const float* x, int m, int n, float eps, const float* w, float* y);
+// y[i] = a[i] + b[i] for i < n: MLX's add of two float32 arrays of the same shape (y may be a or b).
+void add(const float* a, const float* b, size_t n, float* y);
 
 // fast::rope's rotation parameters.
 struct RopeSpec {

@@ -265,7 +265,7 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   float* const hn_d = hn.data();
   const float* const o_d = o.data();
   split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * h; i < r1 * h; ++i) h1_d[i] = xs[i] + o_d[i];
+    kernels::add(xs + r0 * h, o_d + r0 * h, static_cast<size_t>(r1 - r0) * h, h1_d + r0 * h);
     kernels::rms_norm_rows(h1_d + r0 * h, static_cast<int>(r1 - r0), h, p.norm_eps, norm, hn_d + r0 * h);
   });
   const int inter = wm.mats[0].n;
@@ -275,7 +275,7 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
   const float* const dn_d = dn.data();
   split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * h; i < r1 * h; ++i) y[i] = h1_d[i] + dn_d[i];
+    kernels::add(h1_d + r0 * h, dn_d + r0 * h, static_cast<size_t>(r1 - r0) * h, y + r0 * h);
   });
 }
 
