@@ -266,7 +266,7 @@ AVX512_FN void scores_quads(const AttnProblem& p, int b, int kvh, const float* q
     __m512 acc[NQ][U];
     _Pragma("GCC unroll 4") for (int g = 0; g < NQ; ++g)
       _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) acc[g][u] = _mm512_setzero_ps();
-    _Pragma("GCC unroll 4") for (int st = 0; st < S; ++st) {
+    _Pragma("GCC unroll 16") for (int st = 0; st < S; ++st) {
       __m512 kb[U];
       _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) kb[u] = _mm512_broadcast_f32x4(_mm_loadu_ps(kr[u] + 4 * st));
       _Pragma("GCC unroll 4") for (int g = 0; g < NQ; ++g) {
