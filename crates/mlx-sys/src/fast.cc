@@ -122,6 +122,11 @@ class RmsNormCpu : public SameShapeCpu<RmsNormParams> {
       const float* w = has_w ? in[1].data<float>() : nullptr;
       const int64_t ws = has_w ? in[1].strides().back() : 0;
       float* y = out.data<float>();
+      if (x.flags().row_contiguous && (!has_w || ws == 1) && rows_of(x) <= INT32_MAX) {
+        // Whole rows side by side: the function the fused layer calls.
+        kernels::rms_norm_rows(x.data<float>(), static_cast<int>(rows_of(x)), n, eps, w, y);
+        return;
+      }
       for (int64_t r = 0; r < rows_of(x); ++r) {
         kernels::rms_norm_row(x.data<float>() + row_offset(x, r), xs, n, eps, w, ws, y + r * n);
       }
