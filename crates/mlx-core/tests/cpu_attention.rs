@@ -138,10 +138,10 @@ fn decode_shapes_match_mlx() {
     }
 }
 
-/// The AVX-512 path's tiles of 12 query rows (`Avx512Attn::values_tile` in `attn.cc`: a KV
-/// head's rows of a window or prompt chunk, 12 at a time, with rows left over and rows that
-/// see one key more than the tile): each row equals that query alone bit for bit, and MLX
-/// within tolerance.
+/// The AVX-512 path's value tiles of 3 to 12 query rows and score passes over up to four
+/// quads of rows (`Avx512Attn::values_tile`, `scores_quads` in `attn.cc`: a KV head's rows of
+/// a window or prompt chunk in balanced tiles, with rows left over and rows that see one key
+/// more than the tile): each row equals that query alone bit for bit, and MLX within tolerance.
 #[test]
 fn value_tiles_keep_single_query_bits() {
     for (hkv, group, d) in [(3, 3, 64), (2, 6, 128)] {

@@ -292,8 +292,8 @@ AVX512_FN void scores_quads(const AttnProblem& p, int b, int kvh, const float* q
   }
 }
 
-// scores_quads for up to 16 rows, four keys at a time (a lone quad eight at a time: no faster
-// in `attn_profile`'s one-token steps, which stream their keys from memory).
+// scores_quads for up to 16 rows, four keys at a time (a lone quad, one-token steps, was
+// measured eight keys at a time too: no faster, its keys stream from memory).
 template <int S>
 void scores_rows(const AttnProblem& p, int b, int kvh, const float* qp, int rows, int j0, int j1, float* const* sr,
                  bool lead, int last) {
@@ -329,7 +329,9 @@ struct Avx512Attn {
   static constexpr int kScoreRows = 16;
   static constexpr int kQueryPad = 4;  // whole quads of scaled queries
   static constexpr bool kValueTiles = true;
-  static constexpr int kMinTileRows = 3;  // fewer: values2 (8 chains for two rows against a tile's 4)
+  // Rows below which values2 beats a tile: two rows keep 8 FMA chains in flight in values512,
+  // a two-row tile only 4.
+  static constexpr int kMinTileRows = 3;
 
   // Where element d of query row r goes in the task's scaled queries: in quads of rows
   // (scores_quads), 4 (r / 4) D + 16 (d / 4) + 4 (r % 4) + d % 4.
