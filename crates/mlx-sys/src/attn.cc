@@ -519,10 +519,7 @@ void rows_segment(const AttnProblem& p, int b, int kvh, int t0, int t1, int j_be
   }
 }
 
-bool attn_cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
+bool attn_cpu_has_avx2() { return simd::has_avx2_fma(); }
 bool attn_cpu_has_avx512() {
   static const bool yes = attn_cpu_has_avx2() && __builtin_cpu_supports("avx512f");
   return yes;

@@ -197,10 +197,7 @@ namespace {
 // (the captured pointers reloaded at every element): a layer's residual adds, norms and RoPE
 // took ~68 us of a ~750 us layer on two cores, ~37 us in AVX2 (timed inside `window_profile`).
 #ifdef MLXSYS_X86
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
+using simd::has_avx2_fma;
 
 // Rows r[0..8) -> r[c] = column c of the 8 x 8 block.
 AVX2_FN_ALWAYS void transpose8(__m256 (&r)[8]) {
@@ -274,7 +271,7 @@ void rms_norm_finish(const float* x, int64_t xs, int n, float eps, const float* 
   const float inv = 1.f / std::sqrt(ss * (1.f / static_cast<float>(n)) + eps);
   int i = 0;
 #ifdef MLXSYS_X86
-  if (xs == 1 && (ws == 1 || !w) && has_avx2()) i = scale_avx2(x, n, w, inv, y);
+  if (xs == 1 && (ws == 1 || !w) && has_avx2_fma()) i = scale_avx2(x, n, w, inv, y);
 #endif
   for (; i < n; ++i) {
     const float v = x[i * xs] * inv;
@@ -306,7 +303,7 @@ void rms_norm_rows(const float* x, int m, int n, float eps, const float* w, floa
   const auto at = [n](int row) { return static_cast<size_t>(row) * n; };
   int r = 0;
 #ifdef MLXSYS_X86
-  if (has_avx2() && m > 1) {
+  if (has_avx2_fma() && m > 1) {
     // Up to 8 rows' chains in the lanes of one vector, then each row's tail and finish.
     const int n8 = n / 8 * 8;
     for (; r < m; r += 8) {
@@ -331,7 +328,7 @@ void rms_norm_rows(const float* x, int m, int n, float eps, const float* w, floa
 void add(const float* a, const float* b, size_t n, float* y) {
   size_t i = 0;
 #ifdef MLXSYS_X86
-  if (has_avx2()) i = add_avx2(a, b, n, y);
+  if (has_avx2_fma()) i = add_avx2(a, b, n, y);
 #endif
   for (; i < n; ++i) y[i] = a[i] + b[i];
 }
@@ -361,7 +358,7 @@ void rope_row(const RopeSpec& spec, const float* x, int64_t xs, int d, const flo
   const int half = spec.dims / 2;
   int i = 0;
 #ifdef MLXSYS_X86
-  if (!spec.traditional && xs == 1 && has_avx2()) i = rotate_avx2(x, half, c, s, y);
+  if (!spec.traditional && xs == 1 && has_avx2_fma()) i = rotate_avx2(x, half, c, s, y);
 #endif
   for (; i < half; ++i) {
     const int a = spec.traditional ? 2 * i : i, b = spec.traditional ? 2 * i + 1 : i + half;

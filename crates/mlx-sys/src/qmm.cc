@@ -502,10 +502,7 @@ void rows_avx2(const Problem& p, int n0, int n1) {
   rows_tiled<Avx2Tiles<BITS>>(p, n0, n1);
 }
 
-bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
+bool cpu_has_avx2() { return simd::has_avx2_fma(); }
 
 // ---------------------------------------------------------------------------------------
 // AVX-512F: chunks of 16 weights and two accumulators, same structure as above:

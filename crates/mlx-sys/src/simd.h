@@ -13,6 +13,12 @@
 
 namespace mlxsys::simd {
 
+// Whether the CPU has AVX2 and FMA, the target of every AVX2_FN (checked once).
+inline bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
 AVX2_FN_ALWAYS float hsum8(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
