@@ -22,13 +22,47 @@ struct Case {
     batch: Vec<i32>,
     transposed_x: bool,
     seed: u64,
+    /// How the matrix was stored before loading (see [`quantize_stored`]).
+    stored: Stored,
+}
+
+/// The weight file's dtype a matrix is quantized in, and a magnitude: f16 and bf16 scales give
+/// the repacked copy 16-bit groups (qmm.cc, `GroupFormat`); tiny f16 values reach f16's
+/// subnormals, and large bf16 values (beyond f16's range) keep the groups in bf16.
+#[derive(Debug, Clone, Copy)]
+enum Stored {
+    F32,
+    F16,
+    F16Tiny,
+    Bf16Large,
+}
+
+/// `w` scaled and quantized as `stored` says, with its scales and biases then in f32, as
+/// models load.
+fn quantize_stored(w: &Array, spec: QuantSpec, stored: Stored) -> quant::QuantizedMatrix {
+    let (dtype, factor) = match stored {
+        Stored::F32 => (Dtype::Float32, 1.0),
+        Stored::F16 => (Dtype::Float16, 1.0),
+        Stored::F16Tiny => (Dtype::Float16, 1e-4),
+        Stored::Bf16Large => (Dtype::Bfloat16, 1e6),
+    };
+    let q = quant::quantize(&w.multiply(&Array::scalar(factor)).unwrap().astype(dtype).unwrap(), spec).unwrap();
+    quant::QuantizedMatrix {
+        scales: q.scales.astype(Dtype::Float32).unwrap(),
+        biases: q.biases.astype(Dtype::Float32).unwrap(),
+        ..q
+    }
+}
+
+fn stored_kinds() -> impl Strategy<Value = Stored> {
+    prop_oneof![Just(Stored::F32), Just(Stored::F16), Just(Stored::F16Tiny), Just(Stored::Bf16Large)]
 }
 
 fn check(c: &Case, p: &KernelPolicy) -> Result<(), TestCaseError> {
     let k = c.gs * c.groups;
     let spec = QuantSpec::new(c.gs, c.bits).unwrap();
     let w = normal(&[c.n, k], Dtype::Float32, 0.0, 0.5, &Key::new(c.seed)).unwrap();
-    let q = quant::quantize(&w, spec).unwrap();
+    let q = quantize_stored(&w, spec, c.stored);
     let x = if c.transposed_x {
         // a strided view: [.., K] obtained by swapping the last two axes of [.., K, T]
         let mut s = c.batch.clone();
@@ -75,8 +109,9 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
         ],
         any::<bool>(),
         any::<u64>(),
+        stored_kinds(),
     )
-        .prop_map(|(bits, gs, n, groups, batch, transposed_x, seed)| Case {
+        .prop_map(|(bits, gs, n, groups, batch, transposed_x, seed, stored)| Case {
             bits,
             gs,
             n,
@@ -84,6 +119,7 @@ fn cases(max_n: i32, max_groups: i32) -> impl Strategy<Value = Case> {
             batch,
             transposed_x,
             seed,
+            stored,
         })
 }
 
@@ -358,12 +394,20 @@ fn repacked_weights_follow_their_buffer() {
 fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
     let p = &KernelPolicy::all_on();
     let rows = cpu_quant::WINDOW_MAX_ROWS as i32 + 21;
-    for (bits, gs, k, window_first) in
-        [(4, 32, 640, false), (4, 128, 1152, true), (8, 32, 640, true), (8, 128, 384, false)]
-    {
+    for (bits, gs, k, window_first, stored) in [
+        (4, 32, 640, false, Stored::F32),
+        (4, 128, 1152, true, Stored::F32),
+        (8, 32, 640, true, Stored::F32),
+        (8, 128, 384, false, Stored::F32),
+        (4, 32, 640, true, Stored::F16),
+        (8, 64, 384, false, Stored::F16Tiny),
+        (4, 64, 640, false, Stored::Bf16Large),
+        (8, 32, 384, true, Stored::Bf16Large),
+    ] {
         let spec = QuantSpec::new(gs, bits).unwrap();
-        let (mats, x) = mats_and_x(spec, &[96], k, rows, 40 + bits as u64);
-        let q = &mats[0];
+        let (_, x) = mats_and_x(spec, &[96], k, rows, 40 + bits as u64);
+        let w = normal(&[96, k], Dtype::Float32, 0.0, 0.5, &Key::new(40 + bits as u64)).unwrap();
+        let q = &quantize_stored(&w, spec, stored);
         if window_first {
             let one = x.slice_axis(0, 0, 1).unwrap();
             quantized_matmul_t(&one, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
@@ -374,7 +418,10 @@ fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
         let doubled = mlx_core::concatenate(&[&q.weight, &q.weight], 1).unwrap();
         let view = doubled.slice_axis(1, 0, q.weight.shape()[1]).unwrap();
         let from_rows = bits_of(&quantized_matmul_t(&x, &view, &q.scales, &q.biases, spec, p).unwrap());
-        assert_eq!(owned, from_rows, "bits {bits}, group size {gs}, K {k}: chunk rows differ with the repacked copy");
+        assert_eq!(
+            owned, from_rows,
+            "bits {bits}, group size {gs}, K {k}, stored {stored:?}: chunk rows differ with the repacked copy"
+        );
     }
 }
 
@@ -394,8 +441,9 @@ fn prompt_chunks_match_mlx() {
             1..14i32,
             max + 1..=max + 60,
             any::<u64>(),
+            stored_kinds(),
         )
-            .prop_map(|(bits, gs, n, groups, t, seed)| Case {
+            .prop_map(|(bits, gs, n, groups, t, seed, stored)| Case {
                 bits,
                 gs,
                 n,
@@ -403,6 +451,7 @@ fn prompt_chunks_match_mlx() {
                 batch: vec![1, t],
                 transposed_x: false,
                 seed,
+                stored,
             });
         let mut runner =
             proptest::test_runner::TestRunner::new(proptest::test_runner::Config { cases: 12, ..Default::default() });
