@@ -1720,20 +1720,40 @@ INT8_FN_ALWAYS float bias_term(const Problem& p, int n, int m) {
   return reduce16(a);
 }
 
+// What the chunks of R weight rows and M activation rows read, computed once per row group:
+// the chunk loop otherwise recomputed the rows' addresses from the Problem (an integer
+// division by the group size per chunk, `perf annotate`) and kept them in vector registers.
+template <int R>
+struct Int8Rows {
+  const uint32_t* w[R];  // the weight rows
+  const float* s[R];     // their scales
+  const int8_t* xq;      // activation row 0's codes (row m at + m * k64)
+  const float* xd;       // its block scales (row m at + m * k64 / 4)
+  size_t k64;
+  int half_chunk;  // the index of a row's last chunk when it is half (K = 64j + 32), else -1
+  bool prefetch;
+  Int8Rows(const Problem& p, int n) : xq(p.xq), xd(p.xd), k64(static_cast<size_t>(p.k64())) {
+    for (int r = 0; r < R; ++r) {
+      w[r] = p.w_row(n + r);
+      s[r] = p.s_row(n + r);
+    }
+    half_chunk = p.k % 64 != 0 ? p.k / 64 : -1;
+    prefetch = p.prefetch();
+  }
+};
+
 // Chunk c of weight rows n .. n + R applied to M activation rows, into accumulator U (= c % 2,
 // a template argument so that the accumulators stay in registers).
 template <int BITS, int GS, int R, int M, int U>
-INT8_FN_ALWAYS void int8_chunk(const Problem& p, int n, int c, __m512 (&acc)[R][M][2]) {
-  const bool half = c == p.k / 64;  // only a row's last chunk can be half
-  const size_t k64 = static_cast<size_t>(p.k64());
+INT8_FN_ALWAYS void int8_chunk(const Int8Rows<R>& a, int c, __m512 (&acc)[R][M][2]) {
+  const bool half = c == a.half_chunk;  // only a row's last chunk can be half
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-    const uint32_t* wr = p.w_row(n + r);
-    if (p.prefetch()) prefetch_ahead(wr + c * 2 * BITS);
-    const __m512i w = codes64<BITS>(wr, c, half);
-    const __m512 s = lane_scales<BITS, GS>(p.s_row(n + r), c, half);
+    if (a.prefetch) prefetch_ahead(a.w[r] + c * 2 * BITS);
+    const __m512i w = codes64<BITS>(a.w[r], c, half);
+    const __m512 s = lane_scales<BITS, GS>(a.s[r], c, half);
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(p.xq + m * k64 + 64 * c));
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(p.xd + m * (k64 / 4) + 16 * c));
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(a.xq + m * a.k64 + 64 * c));
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(a.xd + m * (a.k64 / 4) + 16 * c));
       acc[r][m][U] = _mm512_fmadd_ps(t, s, acc[r][m][U]);
     }
   }
@@ -1744,15 +1764,16 @@ INT8_FN_ALWAYS void int8_chunk(const Problem& p, int n, int c, __m512 (&acc)[R][
 template <int BITS, int GS, int R, int M>
 INT8_FN_ALWAYS void rows_int8_regs(const Problem& p, int n, int g_begin, int g_end, Carry carry) {
   const int c_end = (g_end * GS + 63) / 64;
+  const Int8Rows<R> a(p, n);
   __m512 acc[R][M][2];
   carry_in<R, M>(acc, n, g_begin, carry);
   int c = g_begin * GS / 64;
-  if (c % 2 == 1 && c < c_end) int8_chunk<BITS, GS, R, M, 1>(p, n, c++, acc);
+  if (c % 2 == 1 && c < c_end) int8_chunk<BITS, GS, R, M, 1>(a, c++, acc);
   for (; c + 2 <= c_end; c += 2) {
-    int8_chunk<BITS, GS, R, M, 0>(p, n, c, acc);
-    int8_chunk<BITS, GS, R, M, 1>(p, n, c + 1, acc);
+    int8_chunk<BITS, GS, R, M, 0>(a, c, acc);
+    int8_chunk<BITS, GS, R, M, 1>(a, c + 1, acc);
   }
-  if (c < c_end) int8_chunk<BITS, GS, R, M, 0>(p, n, c, acc);
+  if (c < c_end) int8_chunk<BITS, GS, R, M, 0>(a, c, acc);
   if (g_end < p.groups()) return carry_out<R, M>(acc, p, n, false, carry, Reduce16{});
   _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
