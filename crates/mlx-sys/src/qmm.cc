@@ -161,7 +161,7 @@ T* aligned64(std::vector<T>& buf, size_t n) {
 //   s, b: K / gs groups of 32 values, the scales and biases of the panel's features, stored
 //      as f16 or bf16 where every scale and bias of the matrix converts to it exactly (models
 //      stored in f16 or bf16, which load to f32 as MLX's 4-bit SmolLM2 and Qwen2.5 do: the
-//      same values, a one-token step reads 17% fewer bytes at group size 32), else as f32
+//      same values; a one-token step reads 17% fewer bytes at 4 bits and group size 32), else as f32
 //      (`GroupFormat`; panel_group turns a group back into f32).
 // 16 weights of one column then take one shift and one permute (8 bits: one widening load
 // and one conversion) and one FMA (the affine dequantization, the same values as MLX's), and
