@@ -1044,7 +1044,7 @@ AVX512_FN_ALWAYS __m512 panel_weights(__m512i v, const uint8_t* quad, int kk, in
 }
 
 // 16 scales or biases of a panel copy's `format` at `at` as f32 (the same values).
-AVX512_FN_ALWAYS __m512 group16(GroupFormat format, const uint8_t* at) {
+AVX512_FN_ALWAYS __m512 panel_values(GroupFormat format, const uint8_t* at) {
   if (format == GroupFormat::kF32) return _mm512_load_ps(reinterpret_cast<const float*>(at));
   const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(at));
   if (format == GroupFormat::kF16) return _mm512_cvtph_ps(h);
@@ -1055,10 +1055,10 @@ AVX512_FN_ALWAYS __m512 group16(GroupFormat format, const uint8_t* at) {
 // sb[2 | 3] their biases (the kernels convert a group once, then read it from L1).
 AVX512_FN_ALWAYS void panel_group(const Panels& pn, int q, int g, float (&sb)[4][16]) {
   const size_t half = 16 * pn.value_bytes();
-  _mm512_store_ps(sb[0], group16(pn.format, pn.group_s(q, g)));
-  _mm512_store_ps(sb[1], group16(pn.format, pn.group_s(q, g) + half));
-  _mm512_store_ps(sb[2], group16(pn.format, pn.group_b(q, g)));
-  _mm512_store_ps(sb[3], group16(pn.format, pn.group_b(q, g) + half));
+  _mm512_store_ps(sb[0], panel_values(pn.format, pn.group_s(q, g)));
+  _mm512_store_ps(sb[1], panel_values(pn.format, pn.group_s(q, g) + half));
+  _mm512_store_ps(sb[2], panel_values(pn.format, pn.group_b(q, g)));
+  _mm512_store_ps(sb[3], panel_values(pn.format, pn.group_b(q, g) + half));
 }
 
 // gemm_pack's panel from the matrix's repacked copy (Panels, panel q = nb / 32): the same
