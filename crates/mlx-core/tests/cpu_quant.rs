@@ -245,14 +245,21 @@ fn rows_do_not_depend_on_the_window_size() {
     }
 }
 
-/// Random matrices `[n, k]` quantized with `spec`, and `x [t, k]`.
-fn mats_and_x(spec: QuantSpec, ns: &[i32], k: i32, t: i32, seed: u64) -> (Vec<quant::QuantizedMatrix>, Array) {
+/// Random matrices `[n, k]` quantized with `spec` as `stored` says, and `x [t, k]`.
+fn mats_and_x(
+    spec: QuantSpec,
+    stored: Stored,
+    ns: &[i32],
+    k: i32,
+    t: i32,
+    seed: u64,
+) -> (Vec<quant::QuantizedMatrix>, Array) {
     let mats = ns
         .iter()
         .enumerate()
         .map(|(j, &n)| {
             let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(seed + j as u64)).unwrap();
-            quant::quantize(&w, spec).unwrap()
+            quantize_stored(&w, spec, stored)
         })
         .collect();
     (mats, uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(seed ^ 11)).unwrap())
@@ -277,7 +284,7 @@ proptest! {
     ) {
         let p = &KernelPolicy::all_on();
         let spec = QuantSpec::new(gs, bits).unwrap();
-        let (mats, x) = mats_and_x(spec, &ns, gs * groups, t, seed);
+        let (mats, x) = mats_and_x(spec, Stored::F32, &ns, gs * groups, t, seed);
         let refs: Vec<_> = mats.iter().collect();
         let all = cpu_quant::quantized_matmuls_t(&x, &refs, p).unwrap();
         prop_assert_eq!(all.len(), mats.len());
@@ -301,7 +308,7 @@ proptest! {
     ) {
         let p = &KernelPolicy::all_on();
         let spec = QuantSpec::new(gs, bits).unwrap();
-        let (mats, x) = mats_and_x(spec, &[n, n], gs * groups, t, seed);
+        let (mats, x) = mats_and_x(spec, Stored::F32, &[n, n], gs * groups, t, seed);
         let fused = cpu_quant::swiglu_t(&x, &mats[0], &mats[1], p).unwrap();
         prop_assert_eq!(fused.shape(), vec![t, n]);
         let g = quantized_matmul_t(&x, &mats[0].weight, &mats[0].scales, &mats[0].biases, spec, p).unwrap();
@@ -323,8 +330,8 @@ proptest! {
 fn several_products_need_one_spec_and_swiglu_two_equal_matrices() {
     let p = &KernelPolicy::all_on();
     let x = Array::ones(&[1, 64], Dtype::Float32).unwrap();
-    let (a, _) = mats_and_x(QuantSpec::new(32, 4).unwrap(), &[8], 64, 1, 1);
-    let (b, _) = mats_and_x(QuantSpec::new(64, 4).unwrap(), &[8, 16], 64, 1, 2);
+    let (a, _) = mats_and_x(QuantSpec::new(32, 4).unwrap(), Stored::F32, &[8], 64, 1, 1);
+    let (b, _) = mats_and_x(QuantSpec::new(64, 4).unwrap(), Stored::F32, &[8, 16], 64, 1, 2);
     let e = cpu_quant::quantized_matmuls_t(&x, &[&a[0], &b[0]], p).unwrap_err().to_string();
     assert!(e.contains("need one spec"), "{e}");
     assert!(cpu_quant::quantized_matmuls_t(&x, &[], p).is_err());
@@ -405,9 +412,8 @@ fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
         (8, 32, 384, true, Stored::Bf16Large),
     ] {
         let spec = QuantSpec::new(gs, bits).unwrap();
-        let (_, x) = mats_and_x(spec, &[96], k, rows, 40 + bits as u64);
-        let w = normal(&[96, k], Dtype::Float32, 0.0, 0.5, &Key::new(40 + bits as u64)).unwrap();
-        let q = &quantize_stored(&w, spec, stored);
+        let (mats, x) = mats_and_x(spec, stored, &[96], k, rows, 40 + bits as u64);
+        let q = &mats[0];
         if window_first {
             let one = x.slice_axis(0, 0, 1).unwrap();
             quantized_matmul_t(&one, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
@@ -470,7 +476,7 @@ fn rows_switch_to_the_prompt_gemm_past_the_window_limit() {
     let max = cpu_quant::WINDOW_MAX_ROWS as i32;
     let (n, k) = (1536, 1536);
     let spec = QuantSpec::new(64, 4).unwrap();
-    let (mats, x) = mats_and_x(spec, &[n], k, max + 40, 5);
+    let (mats, x) = mats_and_x(spec, Stored::F32, &[n], k, max + 40, 5);
     let q = &mats[0];
     let product = |rows: i32| {
         let xr = x.slice_axis(0, 0, rows).unwrap();
