@@ -12,7 +12,8 @@
 //   - on AVX-512 in f32 precision repacks a matrix of whole panels of 32 features once
 //     (PanelCache) and computes it in the broadcast form, 32 features per vector, one FMA
 //     chain over K per output (rows_panels; prompt chunks of more than 256 rows take the
-//     GEMM, whose panels are then packed from the copy); the row kernels below serve the rest;
+//     GEMM, whose panels are then packed from the copy, or on CPUs with AMX-BF16 the tile
+//     unit's products, rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
 //     register group of rows is one pointer);
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
@@ -43,6 +44,11 @@
 #include <mlx/primitives.h>
 
 #include <sys/mman.h>
+#ifdef MLXSYS_X86
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -104,6 +110,10 @@ struct Problem {
   const float* xs = nullptr;
   // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
   const float* xg = nullptr;
+  // Prompt chunks on AMX (rows_amx) only: x split into three bf16 parts [3][padded M][K]
+  // and each group's sum [padded M][groups()] (amx_split_x).
+  const uint16_t* xa = nullptr;
+  const float* xa_sums = nullptr;
   // The AVX-512 f32 register kernels only (rows_avx512_regs): x with each register group's
   // rows (`register_groups`) interleaved by 32-column block (`interleave_x`), so a group's
   // loads are one pointer plus constants: the group of rows [m0, m0 + M) at xi + m0 * K, its
@@ -1309,6 +1319,243 @@ bool cpu_has_avx2() { return false; }
 bool cpu_has_avx512() { return false; }
 #endif
 
+#ifdef MLXSYS_X86
+// ---------------------------------------------------------------------------------------
+// Prompt chunks of 4- and 8-bit matrices on AMX (Intel's tile unit, Sapphire Rapids and
+// later; f32 precision, the same products as rows_gemm). A tile product (TDPBF16PS) takes
+// bf16 inputs and accumulates in f32; on this kind of core it does ~500 G multiply-adds a
+// second, ~6x the FMA units (`qmm_profile 512`). Two facts make it exact enough for f32:
+//   - a weight's q (0..15, 0..255) is an integer of at most 8 bits: a bf16 holds it exactly;
+//   - x splits into three bf16 without loss: hi = x with its low 16 bits cleared, mid the
+//     same of x - hi, lo = x - hi - mid (each difference exact; lo has at most 8 significant
+//     bits), and a bf16 x bf16 product is exact in f32.
+// So per group g of gs columns, per output element, the tile unit sums
+//   c_g = sum_k (hi_k + mid_k + lo_k) * q_k   (f32 accumulation, the tile unit's order)
+// and the vector units finish the group with MLX's affine weight s_g * q + b_g:
+//   out += fma(c_g, s_g, xsum_g * b_g),   xsum_g = sum of x over the group (f32),
+// groups in order from zero (Intel SDM vol. 1 ch. 18, TDPBF16PS: input and output denormals
+// flushed, round to nearest even). That is another summation order than rows_gemm's, with
+// the same f32 rounding per step; a row's result depends on K only, not on M (tile rows are
+// independent, and the blocking below depends on K alone).
+//
+// Blocking: per block of kAmxDepth columns of K, per block of rows whose split x fits in
+// L2 (kAmxRowBlockBytes), per panel of 32 features: the panel's q as bf16 tile rows (pairs
+// of columns interleaved, TDPBF16PS's B layout) and its scales and biases, then per tile of
+// 16 rows and per group two accumulator tiles (features 0-15, 16-31), three x tiles and two
+// weight tiles.
+#define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx2,fma"))) inline
+
+constexpr int kAmxRows = 16;   // activation rows of a tile
+constexpr int kAmxStep = 32;   // columns of K per tile product (16 rows of bf16 pairs)
+constexpr int kAmxDepth = 1536;  // columns per block: a multiple of every group size; K of a 1.5B model in one
+constexpr size_t kAmxRowBlockBytes = size_t{3} << 19;  // split x per row block: 1.5 MiB of a 2 MiB L2
+
+// Whether AMX-BF16 is present and Linux lets this process use it (the tile data state is
+// off until asked for: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), kernel >= 5.16).
+bool cpu_has_amx_bf16() {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return yes;
+}
+
+// Rows padded to whole tiles.
+inline size_t amx_padded_rows(int m) { return static_cast<size_t>(m + kAmxRows - 1) / kAmxRows * kAmxRows; }
+
+// Row r of x [M, K] -> its three bf16 parts in the tiles' layout (amx_split_x; `to` = the
+// row's first row of tile values) and its groups' f32 sums (16-lane partial sums in column
+// order, then _mm512_reduce_add_ps).
+AVX512_FN void amx_split_row(const float* xr, int k, int gs, uint16_t* to, float* sum) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int g = 0; g < k / gs; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = g * gs; c < (g + 1) * gs; c += 16) {
+      const __m512 v = _mm512_loadu_ps(xr + c);
+      acc = _mm512_add_ps(acc, v);
+      const __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+      const __m512 r1 = _mm512_sub_ps(v, h);
+      const __m512 md = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+      const __m512 part[3] = {h, md, _mm512_sub_ps(r1, md)};
+      for (int p = 0; p < 3; ++p) {
+        const __m256i b16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(part[p]), 16));
+        uint16_t* tile = to + (static_cast<size_t>(c / kAmxStep) * 3 + p) * (kAmxRows * kAmxStep);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + c % kAmxStep), b16);
+      }
+    }
+    sum[g] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+// x [M, K] -> its three bf16 parts (hi, mid, lo as above; rows past M zero) as tiles, one
+// stream per tile of rows: the tile of rows t, columns 32s .. 32s + 31, part p (16 rows of
+// 32 values) at parts + ((t * K / 32 + s) * 3 + p) * 512; and sums [padded M][K / gs]. Rows
+// split over the pool.
+void amx_split_x(const float* x, int m, int k, int gs, uint16_t* parts, float* sums, int threads) {
+  const size_t padded = amx_padded_rows(m);
+  const int groups = k / gs;
+  auto row = [&](int r) {
+    uint16_t* to = parts + static_cast<size_t>(r / kAmxRows) * k * 3 * kAmxRows + (r % kAmxRows) * kAmxStep;
+    float* sum = sums + static_cast<size_t>(r) * groups;
+    if (r < m) return amx_split_row(x + static_cast<size_t>(r) * k, k, gs, to, sum);
+    for (int s = 0; s < 3 * k / kAmxStep; ++s) std::memset(to + s * kAmxRows * kAmxStep, 0, sizeof(uint16_t) * kAmxStep);
+    std::fill(sum, sum + groups, 0.f);
+  };
+  Pool::get().run(static_cast<int>(padded), row, Pool::Linger::kLong, threads);
+}
+
+// bf16 bits of the integer-valued floats in `q`, two columns' lanes interleaved: dword j =
+// (column a's feature j) | (column b's feature j) << 16 — a row of TDPBF16PS's B tile.
+AMX_FN __m512i amx_pair(__m512 qa, __m512 qb) {
+  return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(qa), 16),
+                         _mm512_and_si512(_mm512_castps_si512(qb), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The weight tiles of features nb .. nb + 31 over columns [k0, k0 + depth): tile (s, h) at
+// tiles + (2s + h) * 512 holds columns k0 + 32s .. + 31 of features 16h .. 16h + 15 (row i:
+// columns 2i, 2i + 1 interleaved); and per group of the block the scales (sb[g][0..1]) and
+// biases (sb[g][2..3]) of the 32 features as f32. From the repacked copy where the matrix has
+// one, else from MLX's rows (features past n1 zero): the same values.
+template <int BITS>
+AMX_FN void amx_pack_panel(const Problem& p, int nb, int n1, int k0, int depth, uint16_t* tiles, float (*sb)[4][16]) {
+  const int groups = depth / p.gs, g0 = k0 / p.gs;
+  if (p.panels) {
+    const Panels& pn = *p.panels;
+    const int q = nb / kPanelCols;
+    for (int g = 0; g < groups; ++g) panel_group(pn, q, g0 + g, sb[g]);
+    const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {  // quad i: columns 4i .. 4i + 3
+      const __m512i v = BITS == 4 ? _mm512_load_si512(wq) : _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        __m512 col[4];
+        for (int kk = 0; kk < 4; ++kk) {
+          if constexpr (BITS == 4) {
+            col[kk] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)), iota);
+          } else {
+            col[kk] = _mm512_cvtepi32_ps(
+                _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(wq + kPanelCols * kk + 16 * h))));
+          }
+        }
+        const int e = 4 * i, s = e / kAmxStep, row = (e % kAmxStep) / 2;
+        uint16_t* t = tiles + (2 * s + h) * 512 + row * 32;
+        _mm512_store_si512(t, amx_pair(col[0], col[1]));
+        _mm512_store_si512(t + 32, amx_pair(col[2], col[3]));
+      }
+    }
+    return;
+  }
+  const int per_word = 32 / BITS;
+  const uint32_t mask = (1u << BITS) - 1;
+  for (int j = 0; j < kPanelCols; ++j) {
+    const int n = nb + j, h = j / 16, lane = j % 16;
+    for (int g = 0; g < groups; ++g) {
+      sb[g][h][lane] = n < n1 ? p.s_row(n)[g0 + g] : 0.f;
+      sb[g][2 + h][lane] = n < n1 ? p.b_row(n)[g0 + g] : 0.f;
+    }
+    for (int e = 0; e < depth; ++e) {
+      const int kc = k0 + e;
+      const uint32_t q = n < n1 ? (p.w_row(n)[kc / per_word] >> (BITS * (kc % per_word))) & mask : 0;
+      const float f = static_cast<float>(q);
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      tiles[(2 * (e / kAmxStep) + h) * 512 + (e % kAmxStep) / 2 * 32 + 2 * lane + e % 2] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
+struct AmxTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Output rows [n0, n1) of a prompt chunk on AMX (see above). Tiles: 0, 1 the group's sums of
+// features 0-15 and 16-31; 2, 3, 4 x's hi, mid and lo; 5, 6 the weights of the two halves.
+template <int BITS>
+AMX_FN void rows_amx(const Problem& p, int n0, int n1) {
+  AmxTileConfig config;
+  for (int t = 0; t < 7; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kAmxRows;
+  }
+  _tile_loadconfig(&config);
+  thread_local std::vector<uint16_t> tile_buf;
+  thread_local std::vector<float> sb_buf;
+  const int depth_max = std::min(kAmxDepth, p.k);
+  uint16_t* tiles = aligned64(tile_buf, static_cast<size_t>(depth_max) * kPanelCols);
+  auto* sb = reinterpret_cast<float (*)[4][16]>(aligned64(sb_buf, static_cast<size_t>(depth_max / p.gs) * 64));
+  alignas(64) float c[kAmxRows][kPanelCols];
+  const size_t os = static_cast<size_t>(p.n), padded = amx_padded_rows(p.m);
+  constexpr int kTile = kAmxRows * kAmxStep;  // values of a tile
+  const int groups = p.groups(), steps = p.gs / kAmxStep;
+  for (int k0 = 0; k0 < p.k; k0 += kAmxDepth) {
+    const int depth = std::min(kAmxDepth, p.k - k0);
+    // Balanced row blocks of at most `fit` tiles (x's three parts: 6 bytes a value).
+    const size_t fit = std::max<size_t>(1, kAmxRowBlockBytes / (static_cast<size_t>(depth) * 6 * kAmxRows));
+    const size_t all = padded / kAmxRows, blocks = (all + fit - 1) / fit, block_tiles = (all + blocks - 1) / blocks;
+    for (size_t mb = 0; mb < padded; mb += block_tiles * kAmxRows) {
+      const size_t mb1 = std::min(padded, mb + block_tiles * kAmxRows);
+      for (int nb = n0; nb < n1; nb += kPanelCols) {
+        const int cols = std::min(kPanelCols, n1 - nb);
+        const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+        const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+        amx_pack_panel<BITS>(p, nb, n1, k0, depth, tiles, sb);
+        asm volatile("" ::: "memory");  // GCC's tile loads do not say they read memory
+        for (size_t m0 = mb; m0 < mb1; m0 += kAmxRows) {
+          const int valid = std::min(kAmxRows, p.m - static_cast<int>(m0));
+          if (valid <= 0) break;
+          const uint16_t* x0 = p.xa + (m0 * p.k + static_cast<size_t>(k0) * kAmxRows) * 3;
+          for (int g = 0; g < depth / p.gs; ++g) {
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int s = g * steps; s < (g + 1) * steps; ++s) {
+              const uint16_t* xs = x0 + static_cast<size_t>(s) * 3 * kTile;
+              _tile_loadd(5, tiles + 2 * s * kTile, 64);
+              _tile_loadd(6, tiles + (2 * s + 1) * kTile, 64);
+              _tile_loadd(2, xs, 64);
+              _tile_dpbf16ps(0, 2, 5);
+              _tile_dpbf16ps(1, 2, 6);
+              _tile_loadd(3, xs + kTile, 64);
+              _tile_dpbf16ps(0, 3, 5);
+              _tile_dpbf16ps(1, 3, 6);
+              _tile_loadd(4, xs + 2 * kTile, 64);
+              _tile_dpbf16ps(0, 4, 5);
+              _tile_dpbf16ps(1, 4, 6);
+            }
+            _tile_stored(0, &c[0][0], sizeof c[0]);
+            _tile_stored(1, &c[0][16], sizeof c[0]);
+            const int ga = k0 / p.gs + g;
+            const __m512 s0 = _mm512_load_ps(sb[g][0]), s1 = _mm512_load_ps(sb[g][1]);
+            const __m512 b0 = _mm512_load_ps(sb[g][2]), b1 = _mm512_load_ps(sb[g][3]);
+            for (int i = 0; i < valid; ++i) {
+              float* o = p.out + (m0 + i) * os + nb;
+              const __m512 xsum = _mm512_set1_ps(p.xa_sums[(m0 + i) * groups + ga]);
+              __m512 r0 = _mm512_fmadd_ps(_mm512_load_ps(c[i]), s0, _mm512_mul_ps(xsum, b0));
+              __m512 r1 = _mm512_fmadd_ps(_mm512_load_ps(c[i] + 16), s1, _mm512_mul_ps(xsum, b1));
+              if (ga > 0) {
+                r0 = _mm512_add_ps(_mm512_maskz_loadu_ps(mask0, o), r0);
+                r1 = _mm512_add_ps(_mm512_maskz_loadu_ps(mask1, o + 16), r1);
+              }
+              _mm512_mask_storeu_ps(o, mask0, r0);
+              _mm512_mask_storeu_ps(o + 16, mask1, r1);
+            }
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+#else
+bool cpu_has_amx_bf16() { return false; }
+#endif
+
 // ---------------------------------------------------------------------------------------
 // bf16 precision (opt-in; mlx-core's `Precision::Bf16`). The weights of each chunk pair (32
 // weights: chunks c and c + 1, c even) are dequantized to the f32 values of f32 precision and
@@ -1840,6 +2087,12 @@ bool uses_gemm(const Problem& p, int level, int precision) {
 #endif
 }
 
+// Whether a prompt chunk on the GEMM takes AMX's tile products (rows_amx): 4- and 8-bit
+// matrices on a CPU with AMX-BF16.
+bool uses_amx(const Problem& p, int level, int precision) {
+  return uses_gemm(p, level, precision) && (p.bits == 4 || p.bits == 8) && cpu_has_amx_bf16();
+}
+
 // Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels in f32
 // precision on AVX-512, computed on them (rows_panels) or, prompt chunks, packed from them
 // for the GEMM (gemm_pack_panels).
@@ -1857,6 +2110,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (uses_gemm(p, level, precision)) {
+    if (p.xa) return p.bits == 4 ? rows_amx<4>(p, n0, n1) : rows_amx<8>(p, n0, n1);
     switch (p.bits) {
       case 4: return rows_gemm<4>(p, n0, n1);
       case 8: return rows_gemm<8>(p, n0, n1);
@@ -2005,7 +2259,18 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     std::memcpy(aligned, p0.x, len * sizeof(float));
     for (auto& p : ps) p.x = aligned;
   }
-  if (uses_gemm(p0, level, precision)) {
+  if (uses_amx(p0, level, precision)) {
+    thread_local std::vector<uint16_t> xa;
+    thread_local std::vector<float> sums;
+    const size_t padded = amx_padded_rows(p0.m);
+    uint16_t* parts = aligned64(xa, 3 * padded * p0.k);
+    sums.resize(padded * p0.groups());
+    amx_split_x(p0.x, p0.m, p0.k, p0.gs, parts, sums.data(), threads);
+    for (auto& p : ps) {
+      p.xa = parts;
+      p.xa_sums = sums.data();
+    }
+  } else if (uses_gemm(p0, level, precision)) {
     thread_local std::vector<float> xg;
     float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
