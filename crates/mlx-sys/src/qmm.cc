@@ -110,8 +110,8 @@ struct Problem {
   const float* xs = nullptr;
   // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
   const float* xg = nullptr;
-  // Prompt chunks on AMX (rows_amx) only: x split into three bf16 parts [3][padded M][K]
-  // and each group's sum [padded M][groups()] (amx_split_x).
+  // Prompt chunks on AMX (rows_amx) only: x split into three bf16 parts, stored tile by
+  // tile, and each group's sum [padded M][groups()] (amx_split_x).
   const uint16_t* xa = nullptr;
   const float* xa_sums = nullptr;
   // The AVX-512 f32 register kernels only (rows_avx512_regs): x with each register group's
@@ -1336,7 +1336,7 @@ bool cpu_has_avx512() { return false; }
 // groups in order from zero (Intel SDM vol. 1 ch. 18, TDPBF16PS: input and output denormals
 // flushed, round to nearest even). That is another summation order than rows_gemm's, with
 // the same f32 rounding per step; a row's result depends on K only, not on M (tile rows are
-// independent, and the blocking below depends on K alone).
+// independent, and the column blocking below depends on K alone).
 //
 // Blocking: per block of kAmxDepth columns of K, per block of rows whose split x fits in
 // L2 (kAmxRowBlockBytes), per panel of 32 features: the panel's q as bf16 tile rows (pairs
