@@ -1038,19 +1038,23 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
   }
 }
 
-// The weights of features 16h .. 16h + 15 of a panel at column kk of a quad (4 bits: the
-// quad's 64 bytes in `v`; 8 bits: read from `quad`), dequantized by the affine FMA with the
-// group's scales and biases of those features: MLX's values.
+// The q of features 16h .. 16h + 15 of a panel at column kk of a quad as floats (4 bits: the
+// quad's 64 bytes in `v`; 8 bits: read from `quad`).
+template <int BITS>
+AVX512_FN_ALWAYS __m512 panel_q(__m512i v, const uint8_t* quad, int kk, int h) {
+  if constexpr (BITS == 4) {
+    return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)),
+                                 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  } else {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h))));
+  }
+}
+
+// Those weights dequantized by the affine FMA with the group's scales and biases of those
+// features: MLX's values.
 template <int BITS>
 AVX512_FN_ALWAYS __m512 panel_weights(__m512i v, const uint8_t* quad, int kk, int h, __m512 sc, __m512 bi) {
-  __m512 q;
-  if constexpr (BITS == 4) {
-    q = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)),
-                              _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  } else {
-    q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h))));
-  }
-  return _mm512_fmadd_ps(q, sc, bi);
+  return _mm512_fmadd_ps(panel_q<BITS>(v, quad, kk, h), sc, bi);
 }
 
 // 16 scales or biases of a panel copy's `format` at `at` as f32 (the same values).
@@ -1093,6 +1097,13 @@ AVX512_FN void gemm_pack_panels(const Panels& pn, int q, int k0, int depth, bool
       }
     }
   }
+}
+
+// The store masks of a block of 32 features of which the first `cols` exist: features 0-15
+// and 16-31.
+inline std::pair<__mmask16, __mmask16> panel_masks(int cols) {
+  return {static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1),
+          static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1)};
 }
 
 // M rounded up to whole tiles of kGemmRows.
@@ -1142,8 +1153,7 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
     const int depth = std::min(kGemmDepth, p.k - k0);
     for (int nb = n0; nb < n1; nb += kGemmCols) {
       const int cols = std::min(kGemmCols, n1 - nb);
-      const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-      const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+      const auto [mask0, mask1] = panel_masks(cols);
       if constexpr (BITS == 4 || BITS == 8) {
         if (p.panels) gemm_pack_panels<BITS>(*p.panels, nb / kPanelCols, k0, depth, BITS == 4, panel);
         else gemm_pack<BITS>(p, nb, cols, k0, depth, panel, rows.data());
@@ -1427,19 +1437,11 @@ AMX_FN void amx_pack_panel(const Problem& p, int nb, int n1, int k0, int depth, 
     const int q = nb / kPanelCols;
     for (int g = 0; g < groups; ++g) panel_group(pn, q, g0 + g, sb[g]);
     const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {  // quad i: columns 4i .. 4i + 3
       const __m512i v = BITS == 4 ? _mm512_load_si512(wq) : _mm512_setzero_si512();
       for (int h = 0; h < 2; ++h) {
         __m512 col[4];
-        for (int kk = 0; kk < 4; ++kk) {
-          if constexpr (BITS == 4) {
-            col[kk] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)), iota);
-          } else {
-            col[kk] = _mm512_cvtepi32_ps(
-                _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(wq + kPanelCols * kk + 16 * h))));
-          }
-        }
+        for (int kk = 0; kk < 4; ++kk) col[kk] = panel_q<BITS>(v, wq, kk, h);
         const int e = 4 * i, s = e / kAmxStep, row = (e % kAmxStep) / 2;
         uint16_t* t = tiles + (2 * s + h) * 512 + row * 32;
         _mm512_store_si512(t, amx_pair(col[0], col[1]));
@@ -1502,8 +1504,7 @@ AMX_FN void rows_amx(const Problem& p, int n0, int n1) {
       const size_t mb1 = std::min(padded, mb + block_tiles * kAmxRows);
       for (int nb = n0; nb < n1; nb += kPanelCols) {
         const int cols = std::min(kPanelCols, n1 - nb);
-        const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+        const auto [mask0, mask1] = panel_masks(cols);
         amx_pack_panel<BITS>(p, nb, n1, k0, depth, tiles, sb);
         asm volatile("" ::: "memory");  // GCC's tile loads do not say they read memory
         for (size_t m0 = mb; m0 < mb1; m0 += kAmxRows) {
