@@ -97,7 +97,8 @@ fn strategy() -> impl Strategy<Value = (i32, i32, i32, i32, i32, u64)> {
     (
         prop_oneof![Just(4), Just(8)],
         prop_oneof![Just(32), Just(64), Just(128)],
-        1..200i32,
+        // Whole panels of 32 features (the kernels' repacked copy) as well as any count.
+        prop_oneof![1..200i32, (1..8i32).prop_map(|panels| 32 * panels)],
         1..20i32,
         prop_oneof![1..=16i32, Just(33), Just(70)],
         any::<u64>(),
@@ -270,17 +271,19 @@ fn int8_long_rows_in_blocks_keep_their_bits() {
 /// portable path bit for bit.
 fn long_rows_in_blocks_keep_their_bits(precision: Precision) {
     let (best, portable) = (policy(Isa::Avx512f, precision), policy(Isa::Portable, precision));
-    for (bits, gs, k, t) in [(4, 64, 8960, 11), (4, 32, 4128, 16), (8, 128, 5120, 9), (4, 32, 4128, 33)] {
-        let (q, x, spec) = case(bits, gs, 40, k / gs, t, 11);
+    let shapes = [(4, 64, 8960, 11), (4, 32, 4128, 16), (8, 128, 5120, 9), (4, 32, 4128, 33)];
+    // 40 features: MLX's rows; 64: the repacked copy (whole panels of 32).
+    for ((bits, gs, k, t), n) in shapes.into_iter().flat_map(|s| [(s, 40), (s, 64)]) {
+        let (q, x, spec) = case(bits, gs, n, k / gs, t, 11);
         let run = |x: &Array, p: &KernelPolicy| {
             let out = quantized_matmul_t(x, &q.weight, &q.scales, &q.biases, spec, p).unwrap();
             out.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let all = run(&x, &best);
-        assert_eq!(all, run(&x, &portable), "bits {bits} gs {gs} k {k} t {t}: vs portable");
+        assert_eq!(all, run(&x, &portable), "bits {bits} gs {gs} k {k} n {n} t {t}: vs portable");
         for r in [0, t / 2, t - 1] {
             let one = run(&x.slice_axis(0, r, r + 1).unwrap(), &best);
-            assert_eq!(&all[(r * 40) as usize..((r + 1) * 40) as usize], &one[..], "k {k} t {t} row {r}");
+            assert_eq!(&all[(r * n) as usize..((r + 1) * n) as usize], &one[..], "k {k} n {n} t {t} row {r}");
         }
     }
 }

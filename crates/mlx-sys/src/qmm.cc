@@ -101,10 +101,9 @@ struct Problem {
   // bf16 precision only: x rounded to bf16, each 32-block in the lane order of the weights'
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
-  // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32 in the lane
-  // order of the weights' 64-chunks, row stride k64() bytes; each lane's block scale, 16
-  // floats per chunk (row stride k64() / 4); the exact f32 sum of each scale group of x (row
-  // stride groups()).
+  // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32, row stride
+  // k64() bytes (zeros past K); each block's scale d (row stride int8_blocks(k)); the f32 sum
+  // of each scale group of x (row stride groups()).
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
@@ -139,7 +138,7 @@ struct Problem {
     if (xi) q.xi = xi + static_cast<size_t>(m0) * k;
     if (xq) {
       q.xq = xq + static_cast<size_t>(m0) * k64();
-      q.xd = xd + static_cast<size_t>(m0) * (k64() / 4);
+      q.xd = xd + static_cast<size_t>(m0) * (k64() / 32);
       q.xs = xs + static_cast<size_t>(m0) * groups();
     }
     return q;
@@ -1769,32 +1768,23 @@ bool cpu_has_avx512_bf16() { return false; }
 // ---------------------------------------------------------------------------------------
 // int8 precision (opt-in; mlx-core's `Precision::Int8`): llama.cpp's arithmetic on MLX's
 // weights. Each block of 32 activations is quantized to int8 with its own scale (llama.cpp's
-// Q8_0: d = amax / 127, q = round(x / d), ties to even), once per call (`prepare_int8_row`); the
-// products of the 4- or 8-bit weight codes with the int8 activations are exact integer dot
-// products (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction), scaled in f32. With
-// `w = scale_g * q + bias_g`, a row's result is
-//   sum_g scale_g * sum_{b in g} d_b * (q_b . xq_b)   +   sum_g bias_g * xsum_g
-// where xsum_g is the exact f32 sum of x over group g (the bias term needs no rounding of x).
-// Per output element, over the 64-weight chunks c of the row (lanes l = 0..15, 4 weights each):
-//   i_l   = sum of 4 products q * xq (exact int32)
-//   t_l   = f32(i_l) * d_lane                    d of the block lane l's weights belong to
-//   acc_u = fma(t, scale_lane, acc_u)            u = c % 2, in chunk order
-//   bsum  = fma(bias_g, xsum_g, bsum_{g % 16})   in group order
-//   y     = reduce16(acc_0 + acc_1) + reduce16(bsum)
-// 4-bit chunks keep their bytes' low nibbles in bytes 0-31 (weights 0, 2, .., 62) and high
-// nibbles in bytes 32-63 (weights 1, 3, .., 63), so lanes 0-3 and 8-11 belong to the chunk's
-// first block of 32, lanes 4-7 and 12-15 to its second; 8-bit chunks are the stored bytes
-// (lanes 0-7 first block, 8-15 second). The activations are laid out the same way. A row of K
-// = 64j + 32 ends in a half chunk (zero codes and activations in its second block's lanes).
-// `rows_int8_portable` does the same operations in scalar C++: every instruction set gives the
-// same bits, and a row's result does not depend on the number of rows.
+// Q8_0: d = amax / 127, q = round(x / d), ties to even), once per call (`prepare_int8_row`),
+// and each block's product with the 4- or 8-bit weight codes is an exact integer dot product
+// (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction). With `w = scale_g * q + bias_g`,
+// output element (m, n) is, in f32, one accumulator over the row's groups g in order:
+//   for each block b of 32 columns in g, in order:
+//     i   = sum_{k in b} q[n, k] * xq[m, k]          exact int32 (any order gives it)
+//     acc = fma(f32(i) * d[m, b], scale_g, acc)
+//   acc = fma(bias_g, xsum[m, g], acc)                xsum: the f32 sum of x over g (group_sum)
+// where the bias term needs no rounding of x. Since the integer sums are exact, every layout
+// of the weights gives the same bits: the repacked copy (Panels: 16 output features a vector,
+// 4 columns a lane, `rows_int8_panels`), MLX's rows (`rows_int8`) and the scalar
+// `rows_int8_portable`; and a row's result does not depend on the number of rows.
 constexpr int kInt8 = 2;
 
-// The block (0 or 1) of a chunk that lane l's 4 weights belong to.
-int lane_block(int bits, int l) { return bits == 4 ? (l / 4) % 2 : l / 8; }
-
-// Element of chunk-relative position j (0..63) in a chunk's lane order.
-int chunk_index(int bits, int j) { return bits == 4 ? (j < 32 ? 2 * j : 2 * (j - 32) + 1) : j; }
+// Activation row r's blocks of 32 at Problem::xd + r * int8_blocks(k); its codes at
+// Problem::xq + r * k64 (natural column order).
+inline size_t int8_blocks(int k) { return static_cast<size_t>((k + 63) / 64 * 2); }
 
 // One block of 32 activations quantized: d = amax / 127, codes round(x / d) (ties to even).
 float quantize_block(const float* x, int8_t* q) {
@@ -1832,31 +1822,23 @@ AVX512_FN float group_sum_avx512(const float* x, int gs) {
 }
 #endif
 
-// Row r of x [M, K] -> Problem::xq / xd / xs (see there), `q` a scratch row of k64 codes.
+// Row r of x [M, K] -> Problem::xq / xd / xs (see there); codes past K stay zero.
 // Every instruction set gives the same bits.
-void prepare_int8_row(const float* x, int r, int k, int bits, int gs, bool vector, int8_t* xq, float* xd, float* xs,
-                      int8_t* q) {
+void prepare_int8_row(const float* x, int r, int k, int gs, bool vector, int8_t* xq, float* xd, float* xs) {
   const int k64 = (k + 63) / 64 * 64, blocks = k / 32, groups = k / gs;
   const float* xr = x + static_cast<size_t>(r) * k;
-  float d[2];
   int8_t* qr = xq + static_cast<size_t>(r) * k64;
-  float* dr = xd + static_cast<size_t>(r) * (k64 / 4);
-  std::fill(q, q + k64, 0);
-  for (int c = 0; c < k64 / 64; ++c) {
-    for (int h = 0; h < 2; ++h) {
-      const int b = 2 * c + h;
-      d[h] = 0;
-      if (b >= blocks) continue;
+  float* dr = xd + static_cast<size_t>(r) * int8_blocks(k);
+  std::fill(qr + 32 * blocks, qr + k64, 0);
+  std::fill(dr + blocks, dr + int8_blocks(k), 0.f);
+  for (int b = 0; b < blocks; ++b) {
 #ifdef MLXSYS_X86
-      if (vector) {
-        d[h] = quantize_block_avx512(xr + 32 * b, q + 32 * b);
-        continue;
-      }
-#endif
-      d[h] = quantize_block(xr + 32 * b, q + 32 * b);
+    if (vector) {
+      dr[b] = quantize_block_avx512(xr + 32 * b, qr + 32 * b);
+      continue;
     }
-    for (int j = 0; j < 64; ++j) qr[64 * c + j] = q[64 * c + chunk_index(bits, j)];
-    for (int l = 0; l < 16; ++l) dr[16 * c + l] = d[lane_block(bits, l)];
+#endif
+    dr[b] = quantize_block(xr + 32 * b, qr + 32 * b);
   }
   for (int g = 0; g < groups; ++g) {
     float sum;
@@ -1871,44 +1853,34 @@ void prepare_int8_row(const float* x, int r, int k, int bits, int gs, bool vecto
   (void)vector;
 }
 
-// The bias term sum_g bias_g * xsum_g of weight row n and activation row m (16 lanes, group
-// g into lane g % 16, then reduce16_portable).
-float bias_term_portable(const Problem& p, int n, int m) {
-  float lanes[16] = {};
-  const float* b = p.b_row(n);
-  const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
-  for (int g = 0; g < p.groups(); ++g) lanes[g % 16] = std::fma(b[g], xs[g], lanes[g % 16]);
-  return reduce16_portable(lanes);
+// The f32 steps of one block and of one group's bias (the definition above), shared by the
+// row kernels.
+inline float int8_block_step(int32_t dot, float d, float scale, float acc) {
+  const float t = static_cast<float>(dot) * d;
+  return std::fma(t, scale, acc);
 }
 
 void rows_int8_portable(const Problem& p, int n0, int n1) {
-  const int per_word = 32 / p.bits, chunks = p.k64() / 64;
+  const int per_word = 32 / p.bits, blocks_per_group = p.gs / 32;
   const uint32_t mask = (1u << p.bits) - 1;
-  std::vector<int> codes(p.k64());
   for (int n = n0; n < n1; ++n) {
     const uint32_t* wr = p.w_row(n);
-    for (int c = 0; c < chunks; ++c) {
-      for (int j = 0; j < 64; ++j) {
-        const int i = 64 * c + chunk_index(p.bits, j);
-        codes[64 * c + j] = i < p.k ? static_cast<int>((wr[i / per_word] >> ((i % per_word) * p.bits)) & mask) : 0;
-      }
-    }
     for (int m = 0; m < p.m; ++m) {
       const int8_t* xq = p.xq + static_cast<size_t>(m) * p.k64();
-      const float* xd = p.xd + static_cast<size_t>(m) * (p.k64() / 4);
-      float acc[2][16] = {};
-      for (int c = 0; c < chunks; ++c) {
-        for (int l = 0; l < 16; ++l) {
-          int dot = 0;
-          for (int e = 64 * c + 4 * l; e < 64 * c + 4 * l + 4; ++e) dot += codes[e] * xq[e];
-          const int g = (64 * c + 32 * lane_block(p.bits, l)) / p.gs;
-          const float scale = g < p.groups() ? p.s_row(n)[g] : 0.f;
-          acc[c % 2][l] = std::fma(static_cast<float>(dot) * xd[16 * c + l], scale, acc[c % 2][l]);
+      const float* xd = p.xd + static_cast<size_t>(m) * int8_blocks(p.k);
+      const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
+      float acc = 0;
+      for (int g = 0; g < p.groups(); ++g) {
+        for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+          int32_t dot = 0;
+          for (int i = 32 * b; i < 32 * b + 32; ++i) {
+            dot += static_cast<int32_t>((wr[i / per_word] >> ((i % per_word) * p.bits)) & mask) * xq[i];
+          }
+          acc = int8_block_step(dot, xd[b], p.s_row(n)[g], acc);
         }
+        acc = std::fma(p.b_row(n)[g], xs[g], acc);
       }
-      float v[16];
-      for (int l = 0; l < 16; ++l) v[l] = acc[0][l] + acc[1][l];
-      p.out[static_cast<size_t>(m) * p.n + n] = reduce16_portable(v) + bias_term_portable(p, n, m);
+      p.out[static_cast<size_t>(m) * p.n + n] = acc;
     }
   }
 }
@@ -1916,147 +1888,158 @@ void rows_int8_portable(const Problem& p, int n0, int n1) {
 #ifdef MLXSYS_X86
 #define INT8_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"))) inline
 #define INT8_FN_ALWAYS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"), always_inline)) inline
+// The repacked copy's kernels also permute bytes across the vector (8 bits: VPERMT2B, VBMI).
+#define INT8_PANEL_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"))) inline
+#define INT8_PANEL_FN_ALWAYS \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"), always_inline)) inline
 
 bool cpu_has_avx512_vnni() {
   static const bool yes = cpu_has_avx512() && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   return yes;
 }
+bool cpu_has_avx512_vbmi() {
+  static const bool yes = cpu_has_avx512_vnni() && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+}
 
-// The 64 weight codes of chunk c of a packed row as bytes in the chunk lane order; a half
-// chunk (`half`: the row's last 32 weights) has zeros in its second block's lanes.
+// The exact integer dot product of block b (32 columns) of a packed weight row with 32
+// activation codes.
 template <int BITS>
-INT8_FN_ALWAYS __m512i codes64(const uint32_t* wr, int c, bool half) {
-  if constexpr (BITS == 4) {
-    const uint8_t* at = reinterpret_cast<const uint8_t*>(wr) + 32 * c;
-    const __m256i bytes = half ? _mm256_maskz_loadu_epi8(0x0000FFFFu, at) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-    const __m512i both = _mm512_broadcast_i64x4(bytes);  // low half: low nibbles, high half: high
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
+INT8_FN_ALWAYS int32_t block_dot(const uint32_t* wr, int b, const int8_t* xq) {
+  __m256i w;
+  if constexpr (BITS == 4) {  // byte j holds columns 2j (low nibble) and 2j + 1
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint8_t*>(wr) + 16 * b));
+    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+    w = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
   } else {
-    const uint8_t* at = reinterpret_cast<const uint8_t*>(wr) + 64 * c;
-    return half ? _mm512_maskz_loadu_epi8(0x00000000FFFFFFFFull, at) : _mm512_loadu_si512(at);
+    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint8_t*>(wr) + 32 * b));
   }
+  const __m256i dots = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(dots), _mm256_extracti128_si256(dots, 1));
+  const __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
+  return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 1)));
 }
 
-// Each lane's weight scale in chunk c of a row with scales `s` (zero in a half chunk's second
-// block).
-template <int BITS, int GS>
-INT8_FN_ALWAYS __m512 lane_scales(const float* s, int c, bool half) {
-  if constexpr (GS == 32) {
-    const __m128 two = half ? _mm_load_ss(s + 2 * c) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + 2 * c)));
-    const __m512i pick = BITS == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)
-                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(two));
-  } else {
-    return _mm512_set1_ps(s[c * 64 / GS]);
-  }
-}
-
-// bias_term_portable with vector lanes (the last, partial vector masked: fma(0, 0, a) = a).
-INT8_FN_ALWAYS float bias_term(const Problem& p, int n, int m) {
-  const float* b = p.b_row(n);
-  const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
-  const int groups = p.groups();
-  __m512 a = _mm512_setzero_ps();
-  int g = 0;
-  for (; g + 16 <= groups; g += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(b + g), _mm512_loadu_ps(xs + g), a);
-  if (g < groups) {
-    const __mmask16 live = static_cast<__mmask16>((1u << (groups - g)) - 1);
-    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, b + g), _mm512_maskz_loadu_ps(live, xs + g), a);
-  }
-  return reduce16(a);
-}
-
-// What the chunks of R weight rows and M activation rows read, computed once per row group:
-// the chunk loop otherwise recomputed the rows' addresses from the Problem (an integer
-// division by the group size per chunk, `perf annotate`) and kept them in vector registers.
-template <int R>
-struct Int8Rows {
-  const uint32_t* w[R];  // the weight rows
-  const float* s[R];     // their scales
-  const int8_t* xq;      // activation row 0's codes (row m at + m * k64)
-  const float* xd;       // its block scales (row m at + m * k64 / 4)
-  size_t k64;
-  int half_chunk;  // the index of a row's last chunk when it is half (K = 64j + 32), else -1
-  bool prefetch;
-  Int8Rows(const Problem& p, int n) : xq(p.xq), xd(p.xd), k64(static_cast<size_t>(p.k64())) {
-    for (int r = 0; r < R; ++r) {
-      w[r] = p.w_row(n + r);
-      s[r] = p.s_row(n + r);
-    }
-    half_chunk = p.k % 64 != 0 ? p.k / 64 : -1;
-    prefetch = p.prefetch();
-  }
-};
-
-// Chunk c of weight rows n .. n + R applied to M activation rows, into accumulator U (= c % 2,
-// a template argument so that the accumulators stay in registers).
-template <int BITS, int GS, int R, int M, int U>
-INT8_FN_ALWAYS void int8_chunk(const Int8Rows<R>& a, int c, __m512 (&acc)[R][M][2]) {
-  const bool half = c == a.half_chunk;  // only a row's last chunk can be half
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r) {
-    if (a.prefetch) prefetch_ahead(a.w[r] + c * 2 * BITS);
-    const __m512i w = codes64<BITS>(a.w[r], c, half);
-    const __m512 s = lane_scales<BITS, GS>(a.s[r], c, half);
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(a.xq + m * a.k64 + 64 * c));
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(a.xd + m * (a.k64 / 4) + 16 * c));
-      acc[r][m][U] = _mm512_fmadd_ps(t, s, acc[r][m][U]);
-    }
-  }
-}
-
-// Weight rows n .. n + R of M activation rows over the scale groups [g_begin, g_end) (whole
-// chunks: blocks of groups start on a chunk), as rows_avx512_regs.
-template <int BITS, int GS, int R, int M>
-INT8_FN_ALWAYS void rows_int8_regs(const Problem& p, int n, int g_begin, int g_end, Carry carry) {
-  const int c_end = (g_end * GS + 63) / 64;
-  const Int8Rows<R> a(p, n);
-  __m512 acc[R][M][2];
-  carry_in<R, M>(acc, n, g_begin, carry);
-  int c = g_begin * GS / 64;
-  if (c % 2 == 1 && c < c_end) int8_chunk<BITS, GS, R, M, 1>(a, c++, acc);
-  for (; c + 2 <= c_end; c += 2) {
-    int8_chunk<BITS, GS, R, M, 0>(a, c, acc);
-    int8_chunk<BITS, GS, R, M, 1>(a, c + 1, acc);
-  }
-  if (c < c_end) int8_chunk<BITS, GS, R, M, 0>(a, c, acc);
-  if (g_end < p.groups()) return carry_out<R, M>(acc, p, n, false, carry, Reduce16{});
-  _Pragma("GCC unroll 2") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      p.out[m * static_cast<size_t>(p.n) + n + r] = reduce16(_mm512_add_ps(acc[r][m][0], acc[r][m][1])) + bias_term(p, n + r, m);
-    }
-}
-
-template <int BITS, int GS, int M>
-INT8_FN void rows_int8_small(const Problem& p, int n0, int n1, int g0, int g1, Carry carry) {
-  int n = n0;
-  if constexpr (M == 1) {
-    for (; n + 2 <= n1; n += 2) rows_int8_regs<BITS, GS, 2, 1>(p, n, g0, g1, carry);
-  }
-  for (; n < n1; ++n) rows_int8_regs<BITS, GS, 1, M>(p, n, g0, g1, carry);
-}
-
-template <int BITS, int GS>
-INT8_FN void rows_int8_group(const Problem& q, int t0, int t1, int g0, int g1, Carry carry) {
-  with_rows(q.m, [&](auto m) { rows_int8_small<BITS, GS, decltype(m)::value>(q, t0, t1, g0, g1, carry); });
-}
-
-// Output rows [n0, n1) for M <= kTiledMaxRows activation rows, as the bf16 path's windows
-// (blocks of whole chunks: an even number of groups for group size 32). An activation costs 2
-// bytes in L1 (its int8 code and its lane's share of the block scales).
+// Output rows [n0, n1) from MLX's rows (matrices without a repacked copy): each block's
+// codes decoded once for all activation rows (at most kTiledMaxRows, run_rows).
 template <int BITS>
 INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
-  const int tile_rows = p.m == 1 ? n1 - n0 : kTileRows;
-  switch (p.gs) {
-    case 32: return window_blocks(p, n0, n1, 2, 2, tile_rows, rows_int8_group<BITS, 32>);
-    case 64: return window_blocks(p, n0, n1, 2, 1, tile_rows, rows_int8_group<BITS, 64>);
-    default: return window_blocks(p, n0, n1, 2, 1, tile_rows, rows_int8_group<BITS, 128>);
+  const int blocks_per_group = p.gs / 32;
+  float acc[kTiledMaxRows];
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w_row(n);
+    std::fill(acc, acc + p.m, 0.f);
+    for (int g = 0; g < p.groups(); ++g) {
+      const float scale = p.s_row(n)[g], bias = p.b_row(n)[g];
+      for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        for (int m = 0; m < p.m; ++m) {
+          const int32_t dot = block_dot<BITS>(wr, b, p.xq + static_cast<size_t>(m) * p.k64() + 32 * b);
+          acc[m] = int8_block_step(dot, p.xd[static_cast<size_t>(m) * int8_blocks(p.k) + b], scale, acc[m]);
+        }
+      }
+      for (int m = 0; m < p.m; ++m) acc[m] = std::fma(bias, p.xs[static_cast<size_t>(m) * p.groups() + g], acc[m]);
+    }
+    for (int m = 0; m < p.m; ++m) p.out[static_cast<size_t>(m) * p.n + n] = acc[m];
   }
+}
+
+// The codes of one quad (4 columns) of a panel as VPDPBUSD operands: lane j of `lo` | `hi`
+// holds the 4 columns' codes of feature j | 16 + j, column order.
+template <int BITS>
+INT8_PANEL_FN_ALWAYS void panel_codes(const uint8_t* quad, __m512i& lo, __m512i& hi) {
+  if constexpr (BITS == 4) {  // byte c of word j: feature j (low nibble), j + 16, column c
+    const __m512i v = _mm512_load_si512(quad), nibble = _mm512_set1_epi8(0x0F);
+    lo = _mm512_and_si512(v, nibble);
+    hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibble);
+  } else {  // byte 32c + l: feature l, column c; byte 4j + c of a lane <- 32c + j (+ 16)
+    alignas(64) static constexpr uint8_t kLo[64] = {
+        0,  32, 64, 96,  1,  33, 65, 97,  2,  34, 66, 98,  3,  35, 67, 99,  4,  36, 68, 100, 5,  37,
+        69, 101, 6,  38, 70, 102, 7,  39, 71, 103, 8,  40, 72, 104, 9,  41, 73, 105, 10, 42, 74, 106,
+        11, 43, 75, 107, 12, 44, 76, 108, 13, 45, 77, 109, 14, 46, 78, 110, 15, 47, 79, 111};
+    const __m512i a = _mm512_load_si512(quad), b = _mm512_load_si512(quad + 64);
+    const __m512i idx = _mm512_load_si512(kLo);
+    lo = _mm512_permutex2var_epi8(a, idx, b);
+    hi = _mm512_permutex2var_epi8(a, _mm512_add_epi8(idx, _mm512_set1_epi8(16)), b);
+  }
+}
+
+// Panel q (features 32q .. 32q + 31) for the M activation rows from m0: per block, the
+// integer dot products of all 32 features in two vectors per row, then the f32 steps.
+template <int BITS, int M>
+INT8_PANEL_FN_ALWAYS void int8_panel(const Problem& p, int q, int m0) {
+  const Panels& pn = *p.panels;
+  const size_t k64 = static_cast<size_t>(p.k64()), nb = int8_blocks(p.k), half = 16 * pn.value_bytes();
+  const int8_t* xq = p.xq + m0 * k64;
+  const float* xd = p.xd + m0 * nb;
+  const float* xs = p.xs + static_cast<size_t>(m0) * p.groups();
+  const bool prefetch = p.prefetch();
+  const uint8_t* wq = pn.panel_w(q);
+  __m512 acc[M][2];
+  _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int g = 0, b = 0; g < p.groups(); ++g) {
+    const __m512 sc[2] = {panel_values(pn.format, pn.group_s(q, g)), panel_values(pn.format, pn.group_s(q, g) + half)};
+    for (int bg = 0; bg < p.gs / 32; ++bg, ++b) {
+      __m512i dot[M][2];
+      _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+      _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i, wq += pn.quad_bytes()) {
+        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(wq) + kPrefetchBytes, _MM_HINT_T0);
+        __m512i lo, hi;
+        panel_codes<BITS>(wq, lo, hi);
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k64 + 32 * b + 4 * i, sizeof four);
+          const __m512i xb = _mm512_set1_epi32(four);
+          dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], lo, xb);
+          dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], hi, xb);
+        }
+      }
+      _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+        const __m512 d = _mm512_set1_ps(xd[m * nb + b]);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+          acc[m][h] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[m][h]), d), sc[h], acc[m][h]);
+        }
+      }
+    }
+    const __m512 bi[2] = {panel_values(pn.format, pn.group_b(q, g)), panel_values(pn.format, pn.group_b(q, g) + half)};
+    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+      const __m512 xsum = _mm512_set1_ps(xs[static_cast<size_t>(m) * p.groups() + g]);
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) acc[m][h] = _mm512_fmadd_ps(bi[h], xsum, acc[m][h]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
+    float* out = p.out + static_cast<size_t>(m0 + m) * p.n + kPanelCols * q;
+    _mm512_storeu_ps(out, acc[m][0]);
+    _mm512_storeu_ps(out + 16, acc[m][1]);
+  }
+}
+
+// Activation rows a pass of int8_panel takes (4 accumulators each, 2 of them integer).
+constexpr int kInt8PanelRows = 6;
+
+// Output rows [n0, n1) (whole panels) from the repacked copy, the activation rows in
+// balanced groups of at most kInt8PanelRows (11 -> 6 + 5), each group over the panel.
+template <int BITS>
+INT8_PANEL_FN void rows_int8_panels(const Problem& p, int n0, int n1) {
+  const auto [parts, per] = balanced(p.m, kInt8PanelRows);
+  for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
+    for (int m0 = 0; m0 < p.m; m0 += per) {
+      switch (std::min(per, p.m - m0)) {
+        case 1: int8_panel<BITS, 1>(p, q, m0); break;
+        case 2: int8_panel<BITS, 2>(p, q, m0); break;
+        case 3: int8_panel<BITS, 3>(p, q, m0); break;
+        case 4: int8_panel<BITS, 4>(p, q, m0); break;
+        case 5: int8_panel<BITS, 5>(p, q, m0); break;
+        default: int8_panel<BITS, 6>(p, q, m0); break;
+      }
+    }
+  }
+  (void)parts;
 }
 #else
 bool cpu_has_avx512_vnni() { return false; }
+bool cpu_has_avx512_vbmi() { return false; }
 #endif
 
 // Instruction sets, best last; each call's `max_isa` caps the choice (tests compare them).
@@ -2094,12 +2077,14 @@ bool uses_amx(const Problem& p, int level, int precision) {
   return uses_gemm(p, level, precision) && (p.bits == 4 || p.bits == 8) && cpu_has_amx_bf16();
 }
 
-// Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels in f32
-// precision on AVX-512, computed on them (rows_panels) or, prompt chunks, packed from them
-// for the GEMM (gemm_pack_panels).
+// Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels on
+// AVX-512, in f32 precision computed on them (rows_panels) or, prompt chunks, packed from them
+// for the GEMM (gemm_pack_panels); in int8 precision with VNNI and VBMI, computed on them
+// (rows_int8_panels; group sizes 32, 64, 128).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
-  return level == kAvx512 && precision == kF32 && panel_shape(p.bits, p.n, p.k, p.gs);
+  if (level != kAvx512 || !panel_shape(p.bits, p.n, p.k, p.gs)) return false;
+  return precision == kF32 || (precision == kInt8 && p.gs % 32 == 0 && int8_vector(level) && cpu_has_avx512_vbmi());
 #else
   return false;
 #endif
@@ -2118,7 +2103,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
       default: return rows_gemm<kDense>(p, n0, n1);
     }
   }
-  if (p.panels) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
+  if (p.panels && precision == kF32) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
     // Prompt prefill: activation rows in balanced blocks of at most kTiledMaxRows (512 ->
     // 16 x 32), each a window on the register or tiled paths, whose x stays in L1/L2 while
@@ -2131,6 +2116,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     return;
   }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
+  if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
   if (precision == kInt8) return p.bits == 4 ? rows_int8<4>(p, n0, n1) : rows_int8<8>(p, n0, n1);
   if (level == kAvx512) {
     switch (p.bits) {
@@ -2215,18 +2201,13 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     // Activations quantized once, 64-byte aligned (rows of k64 bytes and k64 / 4 floats).
     thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> xd, xs;
-    const size_t k64 = static_cast<size_t>(p0.k64());
-    int8_t* q = aligned64(xq, p0.m * k64);
-    float* d = aligned64(xd, p0.m * k64 / 4);
+    int8_t* q = aligned64(xq, p0.m * static_cast<size_t>(p0.k64()));
+    float* d = aligned64(xd, p0.m * int8_blocks(p0.k));
     xs.resize(static_cast<size_t>(p0.m) * p0.groups());
     // Rows go to the pool's threads: pass this thread's buffers, not the names of thread_locals.
     const bool vector = int8_vector(level);
     float* sums = xs.data();
-    auto rows = [&p0, vector, q, d, sums, k64](int r) {
-      thread_local std::vector<int8_t> scratch;
-      scratch.resize(k64);
-      prepare_int8_row(p0.x, r, p0.k, p0.bits, p0.gs, vector, q, d, sums, scratch.data());
-    };
+    auto rows = [&p0, vector, q, d, sums](int r) { prepare_int8_row(p0.x, r, p0.k, p0.gs, vector, q, d, sums); };
     if (p0.m >= 8) {
       Pool::get().run(p0.m, rows, Pool::Linger::kLong, threads);
     } else {
