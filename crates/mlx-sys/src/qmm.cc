@@ -102,8 +102,8 @@ struct Problem {
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
   // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32, row stride
-  // k64() bytes (zeros past K); each block's scale d (row stride int8_blocks(k)); the f32 sum
-  // of each scale group of x (row stride groups()).
+  // k64() bytes (zeros past K); each block's scale d (row stride blocks(), zeros past K); the
+  // f32 sum of each scale group of x (row stride groups()).
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
@@ -128,6 +128,7 @@ struct Problem {
   int words() const { return k * bits / 32; }  // packed words per weight row
   int groups() const { return k / gs; }        // scale groups per weight row
   int k64() const { return (k + 63) / 64 * 64; }  // K rounded up to whole 64-chunks
+  int blocks() const { return k64() / 32; }        // int8: blocks of 32 activations a row
   // The same product restricted to the activation rows [m0, m0 + count).
   Problem rows(int m0, int count) const {
     Problem q = *this;
@@ -138,7 +139,7 @@ struct Problem {
     if (xi) q.xi = xi + static_cast<size_t>(m0) * k;
     if (xq) {
       q.xq = xq + static_cast<size_t>(m0) * k64();
-      q.xd = xd + static_cast<size_t>(m0) * (k64() / 32);
+      q.xd = xd + static_cast<size_t>(m0) * blocks();
       q.xs = xs + static_cast<size_t>(m0) * groups();
     }
     return q;
@@ -1782,10 +1783,6 @@ bool cpu_has_avx512_bf16() { return false; }
 // `rows_int8_portable`; and a row's result does not depend on the number of rows.
 constexpr int kInt8 = 2;
 
-// Activation row r's blocks of 32 at Problem::xd + r * int8_blocks(k); its codes at
-// Problem::xq + r * k64 (natural column order).
-inline size_t int8_blocks(int k) { return static_cast<size_t>((k + 63) / 64 * 2); }
-
 // One block of 32 activations quantized: d = amax / 127, codes round(x / d) (ties to even).
 float quantize_block(const float* x, int8_t* q) {
   float amax = 0;
@@ -1822,15 +1819,15 @@ AVX512_FN float group_sum_avx512(const float* x, int gs) {
 }
 #endif
 
-// Row r of x [M, K] -> Problem::xq / xd / xs (see there); codes past K stay zero.
+// Row r of p's x -> its Problem::xq / xd / xs (see there; codes and scales past K zero).
 // Every instruction set gives the same bits.
-void prepare_int8_row(const float* x, int r, int k, int gs, bool vector, int8_t* xq, float* xd, float* xs) {
-  const int k64 = (k + 63) / 64 * 64, blocks = k / 32, groups = k / gs;
-  const float* xr = x + static_cast<size_t>(r) * k;
-  int8_t* qr = xq + static_cast<size_t>(r) * k64;
-  float* dr = xd + static_cast<size_t>(r) * int8_blocks(k);
-  std::fill(qr + 32 * blocks, qr + k64, 0);
-  std::fill(dr + blocks, dr + int8_blocks(k), 0.f);
+void prepare_int8_row(const Problem& p, int r, bool vector, int8_t* xq, float* xd, float* xs) {
+  const int blocks = p.k / 32, groups = p.groups();
+  const float* xr = p.x + static_cast<size_t>(r) * p.k;
+  int8_t* qr = xq + static_cast<size_t>(r) * p.k64();
+  float* dr = xd + static_cast<size_t>(r) * p.blocks();
+  std::fill(qr + 32 * blocks, qr + p.k64(), 0);
+  std::fill(dr + blocks, dr + p.blocks(), 0.f);
   for (int b = 0; b < blocks; ++b) {
 #ifdef MLXSYS_X86
     if (vector) {
@@ -1844,17 +1841,17 @@ void prepare_int8_row(const float* x, int r, int k, int gs, bool vector, int8_t*
     float sum;
 #ifdef MLXSYS_X86
     if (vector) {
-      sum = group_sum_avx512(xr + g * gs, gs);
+      sum = group_sum_avx512(xr + g * p.gs, p.gs);
     } else
 #endif
-      sum = group_sum(xr + g * gs, gs);
+      sum = group_sum(xr + g * p.gs, p.gs);
     xs[static_cast<size_t>(r) * groups + g] = sum;
   }
   (void)vector;
 }
 
-// The f32 steps of one block and of one group's bias (the definition above), shared by the
-// row kernels.
+// The f32 step of one block (the definition above), shared by the row kernels (the panel
+// kernel does the same two operations on 16 features at once).
 inline float int8_block_step(int32_t dot, float d, float scale, float acc) {
   const float t = static_cast<float>(dot) * d;
   return std::fma(t, scale, acc);
@@ -1867,7 +1864,7 @@ void rows_int8_portable(const Problem& p, int n0, int n1) {
     const uint32_t* wr = p.w_row(n);
     for (int m = 0; m < p.m; ++m) {
       const int8_t* xq = p.xq + static_cast<size_t>(m) * p.k64();
-      const float* xd = p.xd + static_cast<size_t>(m) * int8_blocks(p.k);
+      const float* xd = p.xd + static_cast<size_t>(m) * p.blocks();
       const float* xs = p.xs + static_cast<size_t>(m) * p.groups();
       float acc = 0;
       for (int g = 0; g < p.groups(); ++g) {
@@ -1936,7 +1933,7 @@ INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
       for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
         for (int m = 0; m < p.m; ++m) {
           const int32_t dot = block_dot<BITS>(wr, b, p.xq + static_cast<size_t>(m) * p.k64() + 32 * b);
-          acc[m] = int8_block_step(dot, p.xd[static_cast<size_t>(m) * int8_blocks(p.k) + b], scale, acc[m]);
+          acc[m] = int8_block_step(dot, p.xd[static_cast<size_t>(m) * p.blocks() + b], scale, acc[m]);
         }
       }
       for (int m = 0; m < p.m; ++m) acc[m] = std::fma(bias, p.xs[static_cast<size_t>(m) * p.groups() + g], acc[m]);
@@ -1970,7 +1967,7 @@ INT8_PANEL_FN_ALWAYS void panel_codes(const uint8_t* quad, __m512i& lo, __m512i&
 template <int BITS, int M>
 INT8_PANEL_FN_ALWAYS void int8_panel(const Problem& p, int q, int m0) {
   const Panels& pn = *p.panels;
-  const size_t k64 = static_cast<size_t>(p.k64()), nb = int8_blocks(p.k), half = 16 * pn.value_bytes();
+  const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks()), half = 16 * pn.value_bytes();
   const int8_t* xq = p.xq + m0 * k64;
   const float* xd = p.xd + m0 * nb;
   const float* xs = p.xs + static_cast<size_t>(m0) * p.groups();
@@ -2202,12 +2199,12 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> xd, xs;
     int8_t* q = aligned64(xq, p0.m * static_cast<size_t>(p0.k64()));
-    float* d = aligned64(xd, p0.m * int8_blocks(p0.k));
+    float* d = aligned64(xd, p0.m * static_cast<size_t>(p0.blocks()));
     xs.resize(static_cast<size_t>(p0.m) * p0.groups());
     // Rows go to the pool's threads: pass this thread's buffers, not the names of thread_locals.
     const bool vector = int8_vector(level);
     float* sums = xs.data();
-    auto rows = [&p0, vector, q, d, sums](int r) { prepare_int8_row(p0.x, r, p0.k, p0.gs, vector, q, d, sums); };
+    auto rows = [&p0, vector, q, d, sums](int r) { prepare_int8_row(p0, r, vector, q, d, sums); };
     if (p0.m >= 8) {
       Pool::get().run(p0.m, rows, Pool::Linger::kLong, threads);
     } else {
