@@ -1885,16 +1885,13 @@ void rows_int8_portable(const Problem& p, int n0, int n1) {
 #ifdef MLXSYS_X86
 #define INT8_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"))) inline
 #define INT8_FN_ALWAYS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"), always_inline)) inline
-// The repacked copy's kernels also permute bytes across the vector (8 bits: VPERMT2B, VBMI).
-#define INT8_PANEL_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"))) inline
-#define INT8_PANEL_FN_ALWAYS \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma"), always_inline)) inline
 
 bool cpu_has_avx512_vnni() {
   static const bool yes = cpu_has_avx512() && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   return yes;
 }
+// The 8-bit panels' byte permutation (VPERMT2B) is AVX512_VBMI.
 bool cpu_has_avx512_vbmi() {
   static const bool yes = cpu_has_avx512_vnni() && __builtin_cpu_supports("avx512vbmi");
   return yes;
@@ -1942,10 +1939,18 @@ INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
   }
 }
 
+// VPERMT2B (AVX512_VBMI): byte i of the result is byte idx[i] % 128 of the 128 bytes a, b. As
+// assembly, so that the kernels need no VBMI target: only 8-bit panels run it, on CPUs that
+// have it (uses_panels).
+INT8_FN_ALWAYS __m512i permute_bytes(__m512i a, __m512i idx, __m512i b) {
+  asm("vpermt2b %2, %1, %0" : "+v"(a) : "v"(idx), "v"(b));
+  return a;
+}
+
 // The codes of one quad (4 columns) of a panel as VPDPBUSD operands: lane j of `lo` | `hi`
 // holds the 4 columns' codes of feature j | 16 + j, column order.
 template <int BITS>
-INT8_PANEL_FN_ALWAYS void panel_codes(const uint8_t* quad, __m512i& lo, __m512i& hi) {
+INT8_FN_ALWAYS void panel_codes(const uint8_t* quad, __m512i& lo, __m512i& hi) {
   if constexpr (BITS == 4) {  // byte c of word j: feature j (low nibble), j + 16, column c
     const __m512i v = _mm512_load_si512(quad), nibble = _mm512_set1_epi8(0x0F);
     lo = _mm512_and_si512(v, nibble);
@@ -1957,15 +1962,15 @@ INT8_PANEL_FN_ALWAYS void panel_codes(const uint8_t* quad, __m512i& lo, __m512i&
         11, 43, 75, 107, 12, 44, 76, 108, 13, 45, 77, 109, 14, 46, 78, 110, 15, 47, 79, 111};
     const __m512i a = _mm512_load_si512(quad), b = _mm512_load_si512(quad + 64);
     const __m512i idx = _mm512_load_si512(kLo);
-    lo = _mm512_permutex2var_epi8(a, idx, b);
-    hi = _mm512_permutex2var_epi8(a, _mm512_add_epi8(idx, _mm512_set1_epi8(16)), b);
+    lo = permute_bytes(a, idx, b);
+    hi = permute_bytes(a, _mm512_add_epi8(idx, _mm512_set1_epi8(16)), b);
   }
 }
 
 // Panel q (features 32q .. 32q + 31) for the M activation rows from m0: per block, the
 // integer dot products of all 32 features in two vectors per row, then the f32 steps.
 template <int BITS, int M>
-INT8_PANEL_FN_ALWAYS void int8_panel(const Problem& p, int q, int m0) {
+INT8_FN_ALWAYS void int8_panel(const Problem& p, int q, int m0) {
   const Panels& pn = *p.panels;
   const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks()), half = 16 * pn.value_bytes();
   const int8_t* xq = p.xq + m0 * k64;
@@ -2018,7 +2023,7 @@ constexpr int kInt8PanelRows = 6;
 // Output rows [n0, n1) (whole panels) from the repacked copy, the activation rows in
 // balanced groups of at most kInt8PanelRows (11 -> 6 + 5), each group over the panel.
 template <int BITS>
-INT8_PANEL_FN void rows_int8_panels(const Problem& p, int n0, int n1) {
+INT8_FN void rows_int8_panels(const Problem& p, int n0, int n1) {
   const auto [parts, per] = balanced(p.m, kInt8PanelRows);
   for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
     for (int m0 = 0; m0 < p.m; m0 += per) {
@@ -2076,12 +2081,13 @@ bool uses_amx(const Problem& p, int level, int precision) {
 
 // Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels on
 // AVX-512, in f32 precision computed on them (rows_panels) or, prompt chunks, packed from them
-// for the GEMM (gemm_pack_panels); in int8 precision with VNNI and VBMI, computed on them
-// (rows_int8_panels; group sizes 32, 64, 128).
+// for the GEMM (gemm_pack_panels); in int8 precision with VNNI (8 bits: and VBMI), computed on
+// them (rows_int8_panels; group sizes 32, 64, 128).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
   if (level != kAvx512 || !panel_shape(p.bits, p.n, p.k, p.gs)) return false;
-  return precision == kF32 || (precision == kInt8 && p.gs % 32 == 0 && int8_vector(level) && cpu_has_avx512_vbmi());
+  const bool int8 = int8_vector(level) && p.gs % 32 == 0 && (p.bits == 4 || cpu_has_avx512_vbmi());
+  return precision == kF32 || (precision == kInt8 && int8);
 #else
   return false;
 #endif
