@@ -1897,19 +1897,22 @@ bool cpu_has_avx512_vbmi() {
   return yes;
 }
 
-// The exact integer dot product of block b (32 columns) of a packed weight row with 32
-// activation codes.
+// The 32 codes of block b (32 columns) of a packed weight row, as bytes in column order.
 template <int BITS>
-INT8_FN_ALWAYS int32_t block_dot(const uint32_t* wr, int b, const int8_t* xq) {
-  __m256i w;
+INT8_FN_ALWAYS __m256i block_codes(const uint32_t* wr, int b) {
+  const uint8_t* at = reinterpret_cast<const uint8_t*>(wr);
   if constexpr (BITS == 4) {  // byte j holds columns 2j (low nibble) and 2j + 1
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint8_t*>(wr) + 16 * b));
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 16 * b));
     const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-    w = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
   } else {
-    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint8_t*>(wr) + 32 * b));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * b));
   }
+}
+
+// The exact integer dot product of 32 codes with 32 activation codes.
+INT8_FN_ALWAYS int32_t block_dot(__m256i w, const int8_t* xq) {
   const __m256i dots = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
   const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(dots), _mm256_extracti128_si256(dots, 1));
   const __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
@@ -1928,8 +1931,9 @@ INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
     for (int g = 0; g < p.groups(); ++g) {
       const float scale = p.s_row(n)[g], bias = p.b_row(n)[g];
       for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        const __m256i w = block_codes<BITS>(wr, b);
         for (int m = 0; m < p.m; ++m) {
-          const int32_t dot = block_dot<BITS>(wr, b, p.xq + static_cast<size_t>(m) * p.k64() + 32 * b);
+          const int32_t dot = block_dot(w, p.xq + static_cast<size_t>(m) * p.k64() + 32 * b);
           acc[m] = int8_block_step(dot, p.xd[static_cast<size_t>(m) * p.blocks() + b], scale, acc[m]);
         }
       }
