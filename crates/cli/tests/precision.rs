@@ -52,8 +52,10 @@ fn bf16_perplexity_is_within_half_a_percent_of_f32() {
 }
 
 #[test]
-fn int8_perplexity_is_within_two_percent_of_f32() {
-    perplexity_is_close_to_f32("int8", 0.02, 0.92, 0.03);
+fn int8_perplexity_is_within_half_a_percent_of_f32() {
+    // +0.27% here with q/k/v, o and down in f32 (`Precision::of`); every product in int8 lay at
+    // +0.6% to +1.1% on the MT-Bench, HumanEval and GSM8K sets.
+    perplexity_is_close_to_f32("int8", 0.005, 0.95, 0.01);
 }
 
 /// `precision`'s perplexity within `within` (relative) of f32's, top-1 agreement at least

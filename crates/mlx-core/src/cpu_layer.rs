@@ -29,7 +29,7 @@ use crate::array::{list, wrap};
 use crate::cpu_quant::same_spec;
 use crate::fast::Rope;
 use crate::quant::{QuantSpec, QuantizedMatrix};
-use crate::settings::{Kernel, KernelPolicy};
+use crate::settings::{Kernel, KernelPolicy, Projection};
 use crate::{Array, Result};
 
 /// The attention geometry and norms of one layer.
@@ -106,7 +106,10 @@ fn params(
         group_size: spec.group_size,
         bits: spec.bits,
         max_isa: policy.max_isa as i32,
-        precision: policy.precision as i32,
+        precision: policy.precision.of(Projection::Other) as i32,
+        precision_qkv: policy.precision.of(Projection::Qkv) as i32,
+        precision_o: policy.precision.of(Projection::Out) as i32,
+        precision_down: policy.precision.of(Projection::Down) as i32,
         threads: policy.threads_arg(),
         has_qkv_bias: flags.0,
         has_qk_norm: flags.1,

@@ -59,4 +59,4 @@ pub use runtime::{
     Backend, Blas, RuntimeInfo, async_eval, backend, blas_gemv_calls, blas_info, blas_sgemm_calls, default_device,
     eval, info, memory, select_blas, set_gemv_routing, version,
 };
-pub use settings::{KernelPolicy, LayerNodes, Precision, Settings};
+pub use settings::{KernelPolicy, LayerNodes, Precision, Projection, Settings};

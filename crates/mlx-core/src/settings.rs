@@ -166,7 +166,38 @@ pub enum Precision {
     /// depend on the number of rows, so speculation is lossless against this precision's plain
     /// decoding. Its distance from f32 is measured by `mlx-spec perplexity --precision int8
     /// --reference-precision f32`.
+    ///
+    /// A decoder layer's q/k/v, output and down projections keep f32 activations
+    /// ([`Precision::of`]): int8 rounding of their inputs cost SmolLM2-135M most of its
+    /// perplexity distance from f32; the gate/up projections and the LM head, most of the
+    /// multiply-adds, take int8 ones (`docs/measurements/2026-12-06-int8-fidelity/`).
     Int8 = 2,
+}
+
+/// A product of a decoder layer, as [`Precision::of`] tells them apart (mlx-lm's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Projection {
+    /// The attention's `q_proj`, `k_proj`, `v_proj` (input: the normed residual stream).
+    Qkv,
+    /// The attention's `o_proj` (input: the heads' attention outputs).
+    Out,
+    /// The MLP's `down_proj` (input: SwiGLU's products `silu(gate) * up`).
+    Down,
+    /// Every other product: `gate_proj`, `up_proj`, the LM head, a drafter's own.
+    Other,
+}
+
+impl Projection {
+    /// The projection a linear layer named `name` (its last path component, mlx-lm's name:
+    /// `q_proj`, `down_proj`, ...) is.
+    pub fn of_name(name: &str) -> Projection {
+        match name.rsplit('.').next().unwrap_or(name) {
+            "q_proj" | "k_proj" | "v_proj" => Projection::Qkv,
+            "o_proj" => Projection::Out,
+            "down_proj" => Projection::Down,
+            _ => Projection::Other,
+        }
+    }
 }
 
 impl Precision {
@@ -182,6 +213,22 @@ impl Precision {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
             Precision::Int8 => "int8",
+        }
+    }
+
+    /// The precision `product` runs in under this one: [`Precision::F32`] for the q/k/v,
+    /// output and down projections under [`Precision::Int8`], this precision otherwise.
+    /// Chosen by measurement, product by product, on SmolLM2-135M 4-bit (`mlx-spec
+    /// perplexity --precision int8 --reference-precision f32`, HumanEval: each product's int8
+    /// activations alone cost q/k/v 0.53, down 0.35, gate/up 0.31, o 0.16 and the LM head 0.12
+    /// of the 1.11% distance of all-int8; with q/k/v, o and down in f32 MT-Bench and GSM8K
+    /// lie at 0.37% and 0.28%; `docs/measurements/2026-12-06-int8-fidelity/`). The one place
+    /// that decides it: the loader gives each linear layer its policy through it and the
+    /// fused layer ([`crate::cpu_layer`]) its three precisions.
+    pub fn of(self, product: Projection) -> Precision {
+        match (self, product) {
+            (Precision::Int8, Projection::Qkv | Projection::Out | Projection::Down) => Precision::F32,
+            (p, _) => p,
         }
     }
 
@@ -794,6 +841,30 @@ mod tests {
     fn from(pairs: &[(&str, &str)]) -> Settings {
         let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Settings::from_lookup(move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn int8_keeps_f32_activations_for_qkv_o_and_down_only() {
+        for (name, projection) in [
+            ("model.layers.3.self_attn.q_proj", Projection::Qkv),
+            ("k_proj", Projection::Qkv),
+            ("v_proj", Projection::Qkv),
+            ("model.layers.0.mlp.down_proj", Projection::Down),
+            ("o_proj", Projection::Out),
+            ("gate_proj", Projection::Other),
+            ("up_proj", Projection::Other),
+            ("lm_head", Projection::Other),
+            ("fc", Projection::Other),
+        ] {
+            assert_eq!(Projection::of_name(name), projection, "{name}");
+        }
+        for p in Precision::ALL {
+            let wide = if p == Precision::Int8 { Precision::F32 } else { p };
+            for wide_input in [Projection::Qkv, Projection::Out, Projection::Down] {
+                assert_eq!(p.of(wide_input), wide);
+            }
+            assert_eq!(p.of(Projection::Other), p);
+        }
     }
 
     #[test]

@@ -109,10 +109,10 @@ struct Weights {
 
 // The products' settings shared by both primitives.
 void run_products(const LayerParams& p, const float* x, int m, int k, const Weights& w, size_t first, size_t count,
-                  const std::vector<float*>& outs, bool swiglu) {
+                  const std::vector<float*>& outs, bool swiglu, int precision) {
   std::vector<kernels::Matrix> mats(w.mats.begin() + first, w.mats.begin() + first + count);
   const int gs = p.bits == kernels::kDenseBits ? 32 : p.group_size;  // dense: a loop unit
-  kernels::products(x, m, k, mats, outs, swiglu, gs, p.bits, p.max_isa, p.precision, p.threads);
+  kernels::products(x, m, k, mats, outs, swiglu, gs, p.bits, p.max_isa, precision, p.threads);
 }
 
 // fn(i0, i1) over [0, n): for a window (m > 1 rows) one range per pool thread, for one row on
@@ -180,7 +180,7 @@ void attention_in(const LayerParams& p, const std::vector<mx::array>& in, const 
   });
   const Weights w(in, owners, 2, 3, p.bits);
   for (int j = 0; j < 3; ++j) y[j].resize(static_cast<size_t>(m) * nh[j] * d);
-  run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false);
+  run_products(p, xn.data(), m, h, w, 0, 3, {y[0].data(), y[1].data(), y[2].data()}, false, p.precision_qkv);
   size_t at = 2 + 3 * weight_inputs(p.bits);
   if (p.has_qkv_bias) {
     for (int j = 0; j < 3; ++j) add_bias(y[j].data(), kernels::contiguous_f32(in[at + j], vec_tmp[j]), m, nh[j] * d);
@@ -255,7 +255,7 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   const size_t norm_at = o_at + per + (p.has_o_bias ? 1 : 0), mlp_at = norm_at + 1;
   const Weights wo(in, owners, o_at, 1, p.bits), wm(in, owners, mlp_at, 3, p.bits);
   o.resize(static_cast<size_t>(m) * h);
-  run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false);
+  run_products(p, ao.data(), m, qd, wo, 0, 1, {o.data()}, false, p.precision_o);
   if (p.has_o_bias) add_bias(o.data(), kernels::contiguous_f32(in[o_at + per], ob), m, h);
   const float* xs = kernels::contiguous_f32(x, xc);
   h1.resize(o.size());
@@ -270,9 +270,9 @@ void attention_out(const LayerParams& p, const std::vector<mx::array>& in, const
   });
   const int inter = wm.mats[0].n;
   s.resize(static_cast<size_t>(m) * inter);
-  run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true);
+  run_products(p, hn.data(), m, h, wm, 0, 2, {s.data()}, true, p.precision);
   dn.resize(h1.size());
-  run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false);
+  run_products(p, s.data(), m, inter, wm, 2, 1, {dn.data()}, false, p.precision_down);
   const float* const dn_d = dn.data();
   split_items(m, m, p.threads, [&](int64_t r0, int64_t r1) {
     kernels::add(h1_d + r0 * h, dn_d + r0 * h, static_cast<size_t>(r1 - r0) * h, y + r0 * h);
@@ -471,8 +471,14 @@ void check_params(const std::string& op, const mx::array& x, const LayerParams& 
   if (p.bits != kernels::kDenseBits && p.group_size != 32 && p.group_size != 64 && p.group_size != 128) {
     throw std::invalid_argument(op + "group_size must be 32, 64 or 128, got " + std::to_string(p.group_size));
   }
-  if (p.bits == kernels::kDenseBits && p.precision != 0) {
-    throw std::invalid_argument(op + "bf16 and int8 precision need 4- or 8-bit weights");
+  for (const auto& [name, precision] : {std::pair{"precision", p.precision}, std::pair{"precision_qkv", p.precision_qkv},
+                                        std::pair{"precision_o", p.precision_o}, std::pair{"precision_down", p.precision_down}}) {
+    if (precision < 0 || precision > 2) {
+      throw std::invalid_argument(op + name + " must be 0 (f32), 1 (bf16) or 2 (int8), got " + std::to_string(precision));
+    }
+    if (p.bits == kernels::kDenseBits && precision != 0) {
+      throw std::invalid_argument(op + "bf16 and int8 precision need 4- or 8-bit weights");
+    }
   }
   if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim <= 0) {
     throw std::invalid_argument(op + "heads " + std::to_string(p.n_heads) + " / " + std::to_string(p.n_kv_heads) +

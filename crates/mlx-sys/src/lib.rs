@@ -152,6 +152,11 @@ pub mod ffi {
         bits: i32,
         max_isa: i32,
         precision: i32,
+        /// The precisions of the q/k/v, output and down projections (`precision`: gate and
+        /// up's; mlx-core's `Precision::of`).
+        precision_qkv: i32,
+        precision_o: i32,
+        precision_down: i32,
         threads: i32,
         has_qkv_bias: bool,
         has_qk_norm: bool,

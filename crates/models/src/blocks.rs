@@ -87,7 +87,8 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// The CPU kernels of this layer: its output projection's ([`Linear::kernels`]).
+    /// The CPU kernels of this layer's attention, norms and RoPE: its output projection's
+    /// ([`Linear::kernels`]; its precision is [`mlx_core::Precision::of`] the output projection's).
     pub fn kernels(&self) -> &KernelPolicy {
         self.o_proj.kernels()
     }

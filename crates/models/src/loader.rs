@@ -18,7 +18,7 @@ use std::fmt::Display;
 use std::path::Path;
 
 use mlx_core::quant::{QuantSpec, QuantizedMatrix};
-use mlx_core::{Array, Dtype};
+use mlx_core::{Array, Dtype, Projection};
 
 use crate::layers::{Embedding, EmbeddingTable, Linear, LoadContext, RmsNorm};
 use crate::weights::Weights;
@@ -97,7 +97,8 @@ impl<'a> Loader<'a> {
     /// The linear layer `name` (`y = x W^T + b`, `W [out, in]`): dense `<name>.weight`, or
     /// quantized when `<name>.scales` exists (mlx-lm's rule; bits and group size inferred from
     /// the shapes and checked against the config's `quantization` entry); `<name>.bias`
-    /// `[out]` when `bias`.
+    /// `[out]` when `bias`. Its kernels: the context's, in the precision
+    /// [`mlx_core::Precision::of`] gives its [`Projection`] (named by `name`).
     ///
     /// # Errors
     /// [`Error::Weight`] naming the tensor when one is missing or misshapen, or when the
@@ -105,11 +106,13 @@ impl<'a> Loader<'a> {
     pub fn linear(&mut self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
         let base = self.path(name);
         let b = if bias { Some(self.param(&format!("{name}.bias"), &[out as i32])?) } else { None };
+        let policy = &self.ctx.kernels;
+        let kernels = policy.clone().with_precision(policy.precision.of(Projection::of_name(name)));
         if let Some(q) = self.quantized(&base, out, inp)? {
-            return Ok(Linear::Quantized { weight: q, bias: b, kernels: self.ctx.kernels.clone() });
+            return Ok(Linear::Quantized { weight: q, bias: b, kernels });
         }
         let weight = self.param(&format!("{name}.weight"), &[out as i32, inp as i32])?;
-        Ok(Linear::Dense { weight, bias: b, kernels: self.ctx.kernels.clone() })
+        Ok(Linear::Dense { weight, bias: b, kernels })
     }
 
     /// The embedding table `name` of shape `[vocab, hidden]`, dense or quantized.

@@ -438,7 +438,9 @@ impl Block {
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
         let fused = (x.dtype() == Dtype::Float32 && x.ndim() == 3).then(|| self.fused_weights(rope)).flatten();
         if let Some((w_in, w_out, shape)) = fused {
-            let policy = self.attn.kernels();
+            // The model's policy: the gate projection's (the q/k/v, output and down projections
+            // hold the precision `Precision::of` gives them; the node derives those again).
+            let policy = self.mlp.gate_proj.kernels();
             if let Some(full) = cache.as_full().filter(|_| policy.layer == LayerNodes::One) {
                 let xs = x.shape();
                 let rows = [xs[0], shape.n_kv_heads, xs[1], shape.head_dim];
@@ -488,7 +490,7 @@ impl Block {
             .chain(qk_norms.iter().flatten().copied())
             .chain(bias(&a.o_proj))
             .chain(rope.freqs.as_ref());
-        let fits = cpu_layer::applies(&[o, qkv[0], qkv[1], qkv[2], mlp[0], mlp[1], mlp[2]], a.kernels())
+        let fits = cpu_layer::applies(&[o, qkv[0], qkv[1], qkv[2], mlp[0], mlp[1], mlp[2]], m.gate_proj.kernels())
             && m.act == Activation::Silu
             && a.v_norm_eps.is_none()
             && post_norm.eps == in_norm.eps

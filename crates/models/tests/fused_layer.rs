@@ -106,6 +106,35 @@ fn fused_layer_equals_the_op_by_op_layer_bit_for_bit() {
     }
 }
 
+/// Under the int8 precision the loader gives the q/k/v, output and down projections f32
+/// activations and gate/up int8 ones (`Precision::of`), the fused layer's node the same: the
+/// test above finds the two paths equal bit for bit, this one that the split is the one meant.
+#[test]
+fn int8_layers_keep_f32_activations_for_qkv_o_and_down() {
+    let dir = parity("llama_q4");
+    let config = models::ModelConfig::from_dir(&dir).unwrap();
+    let quant = models::config::QuantizationConfig::from_config(&config, &dir.join("config.json")).unwrap();
+    let kernels = KernelPolicy::all_on().with_precision(Precision::Int8);
+    let ctx = models::layers::LoadContext { quant, dtype: Some(Dtype::Float32), kernels };
+    let mut weights = models::weights::Weights::load(&dir).unwrap();
+    let mut loader = models::loader::Loader::new(&mut weights, &ctx);
+    let (h, i, heads) = (config.hidden_size, config.intermediate_size, config.num_attention_heads);
+    let kv = config.num_key_value_heads.unwrap_or(heads) * (h / heads);
+    for (name, out, inp, want) in [
+        ("model.layers.0.self_attn.q_proj", h, h, Precision::F32),
+        ("model.layers.0.self_attn.k_proj", kv, h, Precision::F32),
+        ("model.layers.0.self_attn.v_proj", kv, h, Precision::F32),
+        ("model.layers.0.self_attn.o_proj", h, h, Precision::F32),
+        ("model.layers.0.mlp.gate_proj", i, h, Precision::Int8),
+        ("model.layers.0.mlp.up_proj", i, h, Precision::Int8),
+        ("model.layers.0.mlp.down_proj", h, i, Precision::F32),
+    ] {
+        let linear = loader.linear(name, out, inp, false).unwrap();
+        assert!(linear.quantized().is_some(), "{name}");
+        assert_eq!(linear.kernels().precision, want, "{name}");
+    }
+}
+
 #[test]
 fn dense_models_and_a_policy_without_the_layer_keep_the_op_by_op_layer() {
     let _serial = COUNTER.lock().unwrap_or_else(|e| e.into_inner());
