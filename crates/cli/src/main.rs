@@ -293,7 +293,8 @@ pub(crate) fn import_progress() -> (ProgressBar, impl FnMut(ImportProgress)) {
 pub(crate) struct PrecisionArg {
     /// Arithmetic of the quantized matmuls: `f32` (MLX's results; the default), `bf16` (opt-in:
     /// weights and activations rounded to bfloat16) or `int8` (opt-in: activations quantized
-    /// per block of 32 to int8, integer dot products, as llama.cpp); both make verify windows
+    /// per block of 32 to int8, integer dot products, as llama.cpp, in the gate/up projections
+    /// and the LM head; q/k/v, output and down keep f32 activations); both make verify windows
     /// and prefill faster (see the README). Default: `MLX_SPEC_PRECISION`, else f32.
     #[arg(long)]
     pub(crate) precision: Option<String>,
