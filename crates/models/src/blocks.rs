@@ -88,7 +88,8 @@ pub struct Attention {
 
 impl Attention {
     /// The CPU kernels of this layer's attention, norms and RoPE: its output projection's
-    /// ([`Linear::kernels`]; its precision is [`mlx_core::Precision::of`] the output projection's).
+    /// ([`Linear::kernels`], whose precision is the one [`mlx_core::Precision::of`] gives that
+    /// projection, not necessarily the model's).
     pub fn kernels(&self) -> &KernelPolicy {
         self.o_proj.kernels()
     }
