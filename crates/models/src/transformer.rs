@@ -13,7 +13,7 @@
 //! with the causal mask aligned to the end, GQA by head grouping).
 use mlx_core::cpu_layer::{self, AttentionIn, AttentionOutMlp, LayerShape};
 use mlx_core::fast::Rope;
-use mlx_core::{Array, Dtype, LayerNodes};
+use mlx_core::{Array, Dtype, KernelPolicy, LayerNodes};
 use serde_json::Value;
 
 use crate::blocks::{Activation, Attention, Mlp};
@@ -437,10 +437,7 @@ impl Block {
     /// a full cache ([`cpu_layer::layer`]) or two around another cache's write, else op by op.
     fn forward(&self, x: &Array, cache: &mut dyn LayerCache, rope: &Rope) -> Result<Array> {
         let fused = (x.dtype() == Dtype::Float32 && x.ndim() == 3).then(|| self.fused_weights(rope)).flatten();
-        if let Some((w_in, w_out, shape)) = fused {
-            // The model's policy: the gate projection's (the q/k/v, output and down projections
-            // hold the precision `Precision::of` gives them; the node derives those again).
-            let policy = self.mlp.gate_proj.kernels();
+        if let Some((w_in, w_out, shape, policy)) = fused {
             if let Some(full) = cache.as_full().filter(|_| policy.layer == LayerNodes::One) {
                 let xs = x.shape();
                 let rows = [xs[0], shape.n_kv_heads, xs[1], shape.head_dim];
@@ -465,9 +462,12 @@ impl Block {
     /// This block's weights as [`mlx_core::cpu_layer`] takes them, when it does under the
     /// block's kernel policy ([`mlx_core::cpu_layer::applies`]): every projection quantized in
     /// one spec, float32 norms, biases and RoPE frequencies, one epsilon for the two block
-    /// norms and one for the q/k norms, no MLP biases, SwiGLU.
-    fn fused_weights(&self, rope: &Rope) -> Option<(AttentionIn<'_>, AttentionOutMlp<'_>, LayerShape)> {
+    /// norms and one for the q/k norms, no MLP biases, SwiGLU. With them the model's policy:
+    /// the gate projection's (the q/k/v, output and down projections hold the precision
+    /// `Precision::of` gives them; the node derives those from the model's again).
+    fn fused_weights(&self, rope: &Rope) -> Option<(AttentionIn<'_>, AttentionOutMlp<'_>, LayerShape, &KernelPolicy)> {
         let (a, m) = (&self.attn, &self.mlp);
+        let policy = m.gate_proj.kernels();
         let (quantized, bias) = (Linear::quantized, Linear::bias);
         let (k_proj, v_proj) = (a.k_proj.as_ref()?, a.v_proj.as_ref()?);
         let qkv = [quantized(&a.q_proj)?, quantized(k_proj)?, quantized(v_proj)?];
@@ -490,7 +490,7 @@ impl Block {
             .chain(qk_norms.iter().flatten().copied())
             .chain(bias(&a.o_proj))
             .chain(rope.freqs.as_ref());
-        let fits = cpu_layer::applies(&[o, qkv[0], qkv[1], qkv[2], mlp[0], mlp[1], mlp[2]], m.gate_proj.kernels())
+        let fits = cpu_layer::applies(&[o, qkv[0], qkv[1], qkv[2], mlp[0], mlp[1], mlp[2]], policy)
             && m.act == Activation::Silu
             && a.v_norm_eps.is_none()
             && post_norm.eps == in_norm.eps
@@ -509,6 +509,6 @@ impl Block {
         };
         let w_in = AttentionIn { norm: &in_norm.weight, qkv, qkv_bias, qk_norms };
         let w_out = AttentionOutMlp { o, o_bias: bias(&a.o_proj), norm: &post_norm.weight, mlp };
-        Some((w_in, w_out, shape))
+        Some((w_in, w_out, shape, policy))
     }
 }
