@@ -245,6 +245,57 @@ fn rows_do_not_depend_on_the_window_size() {
     }
 }
 
+/// The repacked copy's arithmetic (qmm.cc, "Panel layout"; on AVX-512 and on AVX2 + FMA in
+/// f32 precision): each output is one FMA chain over K in column order, `acc = fma(w, x_k,
+/// acc)` with `w = fma(q, scale, bias)`, so its bits are those of that scalar loop whatever
+/// the instruction set and the number of rows (and AVX2 CPUs give AVX-512 ones' bits). Bit
+/// for bit against the loop, 4 and 8 bits, every group size, f32 and f16 groups, 1 to 11 rows.
+#[test]
+fn repacked_products_are_one_fma_chain_per_output() {
+    for isa in [Isa::Avx2Fma, Isa::Avx512f] {
+        let p = &KernelPolicy::all_on().with_isa(isa);
+        if p.isa() != isa.name() {
+            eprintln!("{isa}: not on this CPU (in use: {})", p.isa());
+            continue;
+        }
+        for (bits, gs, stored, t) in [
+            (4, 32, Stored::F16, 1),
+            (4, 64, Stored::F32, 3),
+            (8, 32, Stored::F16, 4),
+            (8, 128, Stored::F32, 11),
+            (4, 128, Stored::Bf16Large, 11),
+            (8, 64, Stored::F16Tiny, 2),
+        ] {
+            let (n, k) = (64, 384);
+            let spec = QuantSpec::new(gs, bits).unwrap();
+            let (mats, x) = mats_and_x(spec, stored, &[n], k, t, 70 + bits as u64);
+            let q = &mats[0];
+            let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+            let (words, s, b) =
+                (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
+            let xs = x.to_vec::<f32>().unwrap();
+            let (k, n, groups, per_word) = (k as usize, n as usize, (k / gs) as usize, 32 / bits as usize);
+            for m in 0..t as usize {
+                for f in 0..n {
+                    let mut acc = 0f32;
+                    for c in 0..k {
+                        let word = words[f * k / per_word + c / per_word];
+                        let code = (word >> ((c % per_word) * bits as usize)) & ((1u32 << bits) - 1);
+                        let g = f * groups + c / gs as usize;
+                        acc = (code as f32).mul_add(s[g], b[g]).mul_add(xs[m * k + c], acc);
+                    }
+                    assert_eq!(
+                        ours[m * n + f].to_bits(),
+                        acc.to_bits(),
+                        "{isa}: bits {bits} gs {gs} {stored:?} t {t}: row {m} feature {f}: {} against the chain's {acc}",
+                        ours[m * n + f]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Random matrices `[n, k]` quantized with `spec` as `stored` says, and `x [t, k]`.
 fn mats_and_x(
     spec: QuantSpec,
@@ -396,10 +447,17 @@ fn repacked_weights_follow_their_buffer() {
 /// (qmm.cc, `gemm_pack_panels`) and from MLX's rows where not (a strided view of the weights):
 /// the same rows bit for bit, for 4 and 8 bits, group sizes 32 and 128, K over several of
 /// the GEMM's 256-column blocks and not a multiple of them, the chunk the matrix's first
-/// product (repacked by it) and after a window.
+/// product (repacked by it) and after a window. Only where chunks take the GEMM (AVX-512, f32
+/// precision): elsewhere they run the window kernels, whose repacked copy (one FMA chain per
+/// output) and MLX's rows (partial sums) add in other orders, both checked against MLX by
+/// `prompt_chunks_match_mlx`.
 #[test]
 fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
     let p = &KernelPolicy::all_on();
+    if p.isa() != "avx512f" || p.precision != mlx_core::Precision::F32 {
+        eprintln!("skipped: prompt chunks take the GEMM only on AVX-512 in f32 precision (here {})", p.isa());
+        return;
+    }
     let rows = cpu_quant::WINDOW_MAX_ROWS as i32 + 21;
     for (bits, gs, k, window_first, stored) in [
         (4, 32, 640, false, Stored::F32),

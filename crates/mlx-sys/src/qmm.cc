@@ -546,14 +546,20 @@ AVX2_FN_ALWAYS void dot_rows_acc(const float* row, const float* x, size_t xs, in
 // What the shared tiled driver (`rows_tiled`, below) needs from an instruction set.
 template <int BITS>
 struct Avx2Tiles {
-  // row[0, len) = the dequantized weights [k0, k0 + len) of row n.
+  // row[0, len) = the dequantized weights [k0, k0 + len) of row n (k0 and len whole groups:
+  // kBlockK is a multiple of every group size). Group by group, so that no chunk divides to
+  // find its group (two integer divisions per 8 weights made a 2-row window 3-6x slower than
+  // one row, `qmm_profile 1,2`).
   static AVX2_FN void dequant(const Problem& p, int n, int k0, int len, float* row) {
     const int chunks_per_group = p.gs / 8;
     const uint32_t* wr = p.w_row(n);
-    __m256 sc, bi;
-    for (int c = k0 / 8; c < (k0 + len) / 8; ++c) {
-      group8<BITS>(p, n, c / chunks_per_group, sc, bi);
-      _mm256_storeu_ps(row + 8 * c - k0, affine8<BITS>(decode8<BITS>(wr, c), sc, bi));
+    const float *s = BITS == kDense ? nullptr : p.s_row(n), *b = BITS == kDense ? nullptr : p.b_row(n);
+    __m256 sc = _mm256_setzero_ps(), bi = sc;
+    for (int g = k0 / p.gs, c = k0 / 8; c < (k0 + len) / 8; ++g) {
+      if constexpr (BITS != kDense) sc = _mm256_set1_ps(s[g]), bi = _mm256_set1_ps(b[g]);
+      for (const int end = c + chunks_per_group; c < end; ++c) {
+        _mm256_storeu_ps(row + 8 * c - k0, affine8<BITS>(decode8<BITS>(wr, c), sc, bi));
+      }
     }
   }
   // Adds row . x_r over [0, len) to the partial sums acc[32 r, 32 r + 32) of x rows r < m.
@@ -1309,6 +1315,124 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX2 + FMA on the panels (CPUs without AVX-512): rows_panels' arithmetic, 8 features a
+// vector. Each output is one FMA chain over K in column order, acc = fma(w, x_k, acc), with
+// w = fma(q, scale_g, bias_g): the same operations as panel_chains, so an AVX2 CPU gives the
+// bits of an AVX-512 one (and of one-token steps for every window size). The scales and
+// biases of 16-bit panel copies convert with F16C (every AVX2 CPU has it; uses_panels checks).
+#define PANEL2_FN __attribute__((target("avx2,fma,f16c"))) inline
+#define PANEL2_FN_ALWAYS __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+bool cpu_has_f16c() {
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+// 8 scales or biases of a panel copy's `format` at `at` (32-byte aligned f32, 16-byte
+// aligned 16-bit values) as f32: the same values.
+PANEL2_FN_ALWAYS __m256 panel_values8(GroupFormat format, const uint8_t* at) {
+  if (format == GroupFormat::kF32) return _mm256_load_ps(reinterpret_cast<const float*>(at));
+  const __m128i h = _mm_load_si128(reinterpret_cast<const __m128i*>(at));
+  if (format == GroupFormat::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The q of features 16h + 8v .. + 7 of a panel at column kk of a quad, as floats (4 bits:
+// the quad's two 32-byte halves in `half[v]`, words 8v .. 8v + 7).
+template <int BITS>
+PANEL2_FN_ALWAYS __m256 panel_q8(const __m256i (&half)[2], const uint8_t* quad, int kk, int h, int v) {
+  if constexpr (BITS == 4) {
+    const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(half[v], 4 * (2 * kk + h)), _mm256_set1_epi32(0xF));
+    return _mm256_cvtepi32_ps(codes);
+  } else {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h + 8 * v));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+// out[m, 32q + 16h + j] for the halves h in [H0, H0 + H) of panel q, j < 16, m < M: the
+// chains of M activation rows, row m's activations at x + m * xs.
+template <int BITS, int M, int H0, int H>
+PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, float* out, size_t os) {
+  const size_t vb = pn.value_bytes();
+  __m256 acc[M][H][2];
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
+  const uint8_t* wq = pn.panel_w(q);
+  const float* xk = x;
+  for (int g = 0; g < pn.k / pn.gs; ++g) {
+    __m256 sc[H][2], bi[H][2];
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+        const size_t at = (16 * (H0 + h) + 8 * v) * vb;
+        sc[h][v] = panel_values8(pn.format, pn.group_s(q, g) + at);
+        bi[h][v] = panel_values8(pn.format, pn.group_b(q, g) + at);
+      }
+    for (int i = 0; i < pn.gs / 4; ++i, wq += pn.quad_bytes(), xk += 4) {
+      _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
+        _mm_prefetch(reinterpret_cast<const char*>(wq) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
+      }
+      __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      if constexpr (BITS == 4) {
+        half[0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq));
+        half[1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32));
+      }
+      _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
+          __m256 w[2];
+          _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+            w[v] = _mm256_fmadd_ps(panel_q8<BITS>(half, wq, kk, H0 + h, v), sc[h][v], bi[h][v]);
+          }
+          _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+            const __m256 xv = _mm256_broadcast_ss(xk + m * xs + kk);
+            acc[m][h][0] = _mm256_fmadd_ps(w[0], xv, acc[m][h][0]);
+            acc[m][h][1] = _mm256_fmadd_ps(w[1], xv, acc[m][h][1]);
+          }
+        }
+    }
+  }
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
+      float* o = out + m * os + kPanelCols * q + 16 * (H0 + h);
+      _mm256_storeu_ps(o, acc[m][h][0]);
+      _mm256_storeu_ps(o + 8, acc[m][h][1]);
+    }
+}
+
+// Activation rows a pass of panel_chains_avx2 takes: up to 2 rows with both halves of the
+// panel at once (4 or 8 accumulators), 3-4 rows one half at a time (6 or 8): 16 registers.
+constexpr int kPanel2Rows = 4;
+
+// Output rows [n0, n1) (whole panels) of a product with panels for at most kTiledMaxRows
+// activation rows (run_rows splits longer prompts), x rows as given; each panel in turn for
+// every group of rows (11 -> 4 + 4 + 3), while it is in L1/L2.
+template <int BITS>
+PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
+  const Panels& pn = *p.panels;
+  const size_t xs = static_cast<size_t>(p.k), os = static_cast<size_t>(p.n);
+  const auto [parts, per] = balanced(p.m, kPanel2Rows);
+  for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
+    for (int m0 = 0; m0 < p.m; m0 += per) {
+      const float* x = p.x + m0 * xs;
+      float* out = p.out + m0 * os;
+      switch (std::min(per, p.m - m0)) {
+        case 1: panel_chains_avx2<BITS, 1, 0, 2>(pn, q, x, xs, out, os); break;
+        case 2: panel_chains_avx2<BITS, 2, 0, 2>(pn, q, x, xs, out, os); break;
+        case 3:
+          panel_chains_avx2<BITS, 3, 0, 1>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 3, 1, 1>(pn, q, x, xs, out, os);
+          break;
+        default:
+          panel_chains_avx2<BITS, 4, 0, 1>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 4, 1, 1>(pn, q, x, xs, out, os);
+          break;
+      }
+    }
+  }
+  (void)parts;
 }
 
 // The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
@@ -2089,7 +2213,9 @@ bool uses_amx(const Problem& p, int level, int precision) {
 // them (rows_int8_panels; group sizes 32, 64, 128).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
-  if (level != kAvx512 || !panel_shape(p.bits, p.n, p.k, p.gs)) return false;
+  if (!panel_shape(p.bits, p.n, p.k, p.gs)) return false;
+  if (level == kAvx2) return precision == kF32 && cpu_has_f16c();
+  if (level != kAvx512) return false;
   const bool int8 = int8_vector(level) && p.gs % 32 == 0 && (p.bits == 4 || cpu_has_avx512_vbmi());
   return precision == kF32 || (precision == kInt8 && int8);
 #else
@@ -2110,7 +2236,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
       default: return rows_gemm<kDense>(p, n0, n1);
     }
   }
-  if (p.panels && precision == kF32) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
+  if (p.panels && precision == kF32 && level == kAvx512) return p.bits == 4 ? rows_panels<4>(p, n0, n1) : rows_panels<8>(p, n0, n1);
   if (level >= kAvx2 && p.m > kTiledMaxRows) {
     // Prompt prefill: activation rows in balanced blocks of at most kTiledMaxRows (512 ->
     // 16 x 32), each a window on the register or tiled paths, whose x stays in L1/L2 while
@@ -2122,6 +2248,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     for (int m0 = 0; m0 < p.m; m0 += per) run_rows(p.rows(m0, std::min(per, p.m - m0)), n0, n1, level, precision);
     return;
   }
+  if (p.panels && precision == kF32) return p.bits == 4 ? rows_panels_avx2<4>(p, n0, n1) : rows_panels_avx2<8>(p, n0, n1);
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
   if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
   if (precision == kInt8) return p.bits == 4 ? rows_int8<4>(p, n0, n1) : rows_int8<8>(p, n0, n1);
@@ -2265,7 +2392,7 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
   }
-  if (panels && windows && p0.m > 1) {  // rows_panels' copy (Problem::xp)
+  if (panels && windows && level == kAvx512 && p0.m > 1) {  // rows_panels' copy (Problem::xp)
     thread_local std::vector<float> xp;
     const size_t blocks = (p0.m + kPanelXRows - 1) / kPanelXRows;
     float* aligned = aligned64(xp, blocks * kPanelXRows * p0.k);
