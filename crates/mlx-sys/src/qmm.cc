@@ -2023,7 +2023,7 @@ bool cpu_has_avx512_vbmi() {
 
 // The 32 codes of block b (32 columns) of a packed weight row, as bytes in column order.
 template <int BITS>
-INT8_FN_ALWAYS __m256i block_codes(const uint32_t* wr, int b) {
+AVX2_FN_ALWAYS __m256i block_codes(const uint32_t* wr, int b) {
   const uint8_t* at = reinterpret_cast<const uint8_t*>(wr);
   if constexpr (BITS == 4) {  // byte j holds columns 2j (low nibble) and 2j + 1
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 16 * b));
@@ -2062,6 +2062,44 @@ INT8_FN void rows_int8(const Problem& p, int n0, int n1) {
         }
       }
       for (int m = 0; m < p.m; ++m) acc[m] = std::fma(bias, p.xs[static_cast<size_t>(m) * p.groups() + g], acc[m]);
+    }
+    for (int m = 0; m < p.m; ++m) p.out[static_cast<size_t>(m) * p.n + n] = acc[m];
+  }
+}
+
+// The exact integer dot product of one block's 32 codes, widened to 16 bits (`w0`: columns
+// 0-15, `w1`: 16-31), with 32 activation codes, on AVX2 (CPUs without AVX512_VNNI):
+// VPMADDWD multiplies the 16-bit pairs into 32-bit sums (a code times an activation code is at
+// most 255 * 127 in magnitude, a pair twice that), so the sum is exact as VPDPBUSD's.
+AVX2_FN_ALWAYS int32_t block_dot_avx2(__m256i w0, __m256i w1, const int8_t* xq) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i x0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x)), x1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(x, 1));
+  const __m256i dots = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+  const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(dots), _mm256_extracti128_si256(dots, 1));
+  const __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
+  return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 1)));
+}
+
+// rows_int8 on AVX2: each block's codes decoded and widened once for all activation rows (at
+// most kTiledMaxRows, run_rows), the same integer sums and f32 steps, so the same bits.
+template <int BITS>
+AVX2_FN void rows_int8_avx2(const Problem& p, int n0, int n1) {
+  const int blocks_per_group = p.gs / 32;
+  float acc[kTiledMaxRows];
+  for (int n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w_row(n);
+    const float *s = p.s_row(n), *bias = p.b_row(n);
+    std::fill(acc, acc + p.m, 0.f);
+    for (int g = 0; g < p.groups(); ++g) {
+      for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        const __m256i w = block_codes<BITS>(wr, b);
+        const __m256i w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)), w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+        for (int m = 0; m < p.m; ++m) {
+          const int32_t dot = block_dot_avx2(w0, w1, p.xq + static_cast<size_t>(m) * p.k64() + 32 * b);
+          acc[m] = int8_block_step(dot, p.xd[static_cast<size_t>(m) * p.blocks() + b], s[g], acc[m]);
+        }
+      }
+      for (int m = 0; m < p.m; ++m) acc[m] = std::fma(bias[g], p.xs[static_cast<size_t>(m) * p.groups() + g], acc[m]);
     }
     for (int m = 0; m < p.m; ++m) p.out[static_cast<size_t>(m) * p.n + n] = acc[m];
   }
@@ -2189,7 +2227,7 @@ int isa(int max_isa) {
 bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); }
 
 // Whether int8 precision runs on the AVX512_VNNI kernels at level `level` (else on
-// rows_int8_portable: the same bits, slower).
+// rows_int8_avx2 from AVX2 up, rows_int8_portable below: the same bits, slower).
 bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
 
 // Whether a product goes to the GEMM (rows_gemm): prompt chunks in f32 precision on AVX-512.
@@ -2225,7 +2263,7 @@ bool uses_panels(const Problem& p, int level, int precision) {
 
 void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kBf16 && !bf16_vector(level)) return rows_bf16_portable(p, n0, n1);
-  if (precision == kInt8 && !int8_vector(level)) return rows_int8_portable(p, n0, n1);
+  if (precision == kInt8 && level < kAvx2) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (uses_gemm(p, level, precision)) {
@@ -2250,6 +2288,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   }
   if (p.panels && precision == kF32) return p.bits == 4 ? rows_panels_avx2<4>(p, n0, n1) : rows_panels_avx2<8>(p, n0, n1);
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
+  if (precision == kInt8 && !int8_vector(level)) return p.bits == 4 ? rows_int8_avx2<4>(p, n0, n1) : rows_int8_avx2<8>(p, n0, n1);
   if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
   if (precision == kInt8) return p.bits == 4 ? rows_int8<4>(p, n0, n1) : rows_int8<8>(p, n0, n1);
   if (level == kAvx512) {
@@ -2703,7 +2742,10 @@ std::unique_ptr<ArrayList> cpu_quantized_matmuls(const array& x, const ArrayList
 
 rust::String cpu_qmm_isa(int32_t max_isa, int32_t precision) {
   if (precision == kBf16) return rust::String(bf16_vector(isa(max_isa)) ? "avx512f+avx512bf16 (bf16)" : "portable (bf16)");
-  if (precision == kInt8) return rust::String(int8_vector(isa(max_isa)) ? "avx512f+avx512vnni (int8)" : "portable (int8)");
+  if (precision == kInt8) {
+    const int level = isa(max_isa);
+    return rust::String(int8_vector(level) ? "avx512f+avx512vnni (int8)" : level >= kAvx2 ? "avx2+fma (int8)" : "portable (int8)");
+  }
   return rust::String(kIsaNames[isa(max_isa)]);
 }
 
