@@ -2080,10 +2080,35 @@ AVX2_FN_ALWAYS int32_t block_dot_avx2(__m256i w0, __m256i w1, const int8_t* xq) 
   return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 1)));
 }
 
+// One activation row: R weight rows at a time, their accumulators in registers (a single
+// row's chain of f32 steps through memory left a one-token product latency-bound).
+template <int BITS, int R>
+AVX2_FN_ALWAYS void rows_int8_avx2_one(const Problem& p, int n) {
+  const int blocks_per_group = p.gs / 32, groups = p.groups();
+  float acc[R] = {};
+  for (int g = 0; g < groups; ++g) {
+    for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+        const __m256i w = block_codes<BITS>(p.w_row(n + r), b);
+        const __m256i w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)), w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+        acc[r] = int8_block_step(block_dot_avx2(w0, w1, p.xq + 32 * b), p.xd[b], p.s_row(n + r)[g], acc[r]);
+      }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) acc[r] = std::fma(p.b_row(n + r)[g], p.xs[g], acc[r]);
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) p.out[n + r] = acc[r];
+}
+
 // rows_int8 on AVX2: each block's codes decoded and widened once for all activation rows (at
 // most kTiledMaxRows, run_rows), the same integer sums and f32 steps, so the same bits.
 template <int BITS>
 AVX2_FN void rows_int8_avx2(const Problem& p, int n0, int n1) {
+  if (p.m == 1) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) rows_int8_avx2_one<BITS, 4>(p, n);
+    for (; n < n1; ++n) rows_int8_avx2_one<BITS, 1>(p, n);
+    return;
+  }
   const int blocks_per_group = p.gs / 32;
   float acc[kTiledMaxRows];
   for (int n = n0; n < n1; ++n) {
