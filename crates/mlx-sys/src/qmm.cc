@@ -9,9 +9,10 @@
 //     long rows, through a dequantized copy of the row in L1), so a verify window costs a
 //     fraction of T one-token steps; prompt chunks go in blocks of at most 32 rows, each a
 //     window (`run_rows`);
-//   - on AVX-512 in f32 precision repacks a matrix of whole panels of 32 features once
-//     (PanelCache) and computes it in the broadcast form, 32 features per vector, one FMA
-//     chain over K per output (rows_panels; prompt chunks of more than 256 rows take the
+//   - in f32 precision repacks a matrix of whole panels of 32 features once (PanelCache) and
+//     computes it in the broadcast form, one FMA chain over K per output: on AVX-512 32
+//     features per vector (rows_panels), on AVX2 + FMA + F16C 8 (rows_panels_avx2), the same
+//     bits (on AVX-512, prompt chunks of more than 256 rows take the
 //     GEMM, whose panels are then packed from the copy, or on CPUs with AMX-BF16 the tile
 //     unit's products, rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
@@ -161,7 +162,7 @@ T* aligned64(std::vector<T>& buf, size_t n) {
 
 // ---------------------------------------------------------------------------------------
 // Panel layout: a 4- or 8-bit matrix repacked for the broadcast form of the product
-// (rows_panels), in panels of kPanelCols = 32 output features. Panel q holds features
+// (rows_panels, rows_panels_avx2), in panels of kPanelCols = 32 output features. Panel q holds features
 // [32q, 32q + 32) as K / 4 quads of columns, 16 * bits bytes each:
 //   4 bits: quad i is 16 words, and nibble e (bits [4e, 4e + 4)) of word j is the weight of
 //      feature 32q + j + 16 (e % 2) at column 4i + e / 2, so a shift by 4 (2 kk + h) puts the
