@@ -270,9 +270,13 @@ fn repacked_products_are_one_fma_chain_per_output() {
             let spec = QuantSpec::new(gs, bits).unwrap();
             let (mats, x) = mats_and_x(spec, stored, &[n], k, t, 70 + bits as u64);
             let q = &mats[0];
-            let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
-            let (words, s, b) =
-                (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
+            let ours =
+                quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+            let (words, s, b) = (
+                q.weight.to_vec::<u32>().unwrap(),
+                q.scales.to_vec::<f32>().unwrap(),
+                q.biases.to_vec::<f32>().unwrap(),
+            );
             let xs = x.to_vec::<f32>().unwrap();
             let (k, n, groups, per_word) = (k as usize, n as usize, (k / gs) as usize, 32 / bits as usize);
             for m in 0..t as usize {

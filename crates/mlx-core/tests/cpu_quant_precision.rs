@@ -220,7 +220,9 @@ fn precisions_are_named_and_reported() {
         // int8 without VNNI: AVX2's 16-bit multiply-adds (same bits).
         let avx2 = format!("avx2+fma ({precision})");
         assert!(
-            best == portable || best == format!("{instructions} ({precision})") || (precision == Precision::Int8 && best == avx2),
+            best == portable
+                || best == format!("{instructions} ({precision})")
+                || (precision == Precision::Int8 && best == avx2),
             "{best}"
         );
         assert_eq!(policy(Isa::Avx512f, precision).precision_in_hardware(), best != portable);

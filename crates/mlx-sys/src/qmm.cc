@@ -2274,7 +2274,8 @@ bool uses_amx(const Problem& p, int level, int precision) {
 // Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels on
 // AVX-512, in f32 precision computed on them (rows_panels) or, prompt chunks, packed from them
 // for the GEMM (gemm_pack_panels); in int8 precision with VNNI (8 bits: and VBMI), computed on
-// them (rows_int8_panels; group sizes 32, 64, 128).
+// them (rows_int8_panels; group sizes 32, 64, 128); on AVX2 with F16C in f32 precision,
+// computed on them (rows_panels_avx2).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
   if (!panel_shape(p.bits, p.n, p.k, p.gs)) return false;
