@@ -35,6 +35,8 @@ enum Stored {
     F16,
     F16Tiny,
     Bf16Large,
+    /// Scales below 2^-100 (f32): products whose scales cannot be rescaled by 2^-24 exactly.
+    F32Minute,
 }
 
 /// `w` scaled and quantized as `stored` says, with its scales and biases then in f32, as
@@ -45,6 +47,7 @@ fn quantize_stored(w: &Array, spec: QuantSpec, stored: Stored) -> quant::Quantiz
         Stored::F16 => (Dtype::Float16, 1.0),
         Stored::F16Tiny => (Dtype::Float16, 1e-4),
         Stored::Bf16Large => (Dtype::Bfloat16, 1e6),
+        Stored::F32Minute => (Dtype::Float32, 1e-33),
     };
     let q = quant::quantize(&w.multiply(&Array::scalar(factor)).unwrap().astype(dtype).unwrap(), spec).unwrap();
     quant::QuantizedMatrix {
@@ -265,6 +268,8 @@ fn repacked_products_are_one_fma_chain_per_output() {
             (8, 128, Stored::F32, 11),
             (4, 128, Stored::Bf16Large, 11),
             (8, 64, Stored::F16Tiny, 2),
+            (4, 32, Stored::F32Minute, 1),
+            (4, 64, Stored::F32Minute, 4),
         ] {
             let (n, k) = (64, 384);
             let spec = QuantSpec::new(gs, bits).unwrap();

@@ -216,6 +216,10 @@ struct Panels {
   const uint8_t* w = nullptr;
   const uint8_t* s = nullptr;  // values of `format`
   const uint8_t* b = nullptr;
+  // Every scale times 2^-24 is exact (zero, not finite, or |s| >= 2^-100, so no product with
+  // a power of two down to 2^-24 rounds as a subnormal): rows_panels_avx2 may then scale the
+  // scales instead of shifting the codes (panel_chains_avx2).
+  bool scales_shift = false;
   size_t quad_bytes() const { return static_cast<size_t>(16) * bits; }
   size_t value_bytes() const { return format == GroupFormat::kF32 ? 4 : 2; }
   const uint8_t* panel_w(int q) const { return w + static_cast<size_t>(q) * (k / 4) * quad_bytes(); }
@@ -284,6 +288,9 @@ std::unique_ptr<Panels> build_panels(const uint32_t* w, const float* s, const fl
   out->from_b = b;
   const size_t groups = static_cast<size_t>(k / gs), words = static_cast<size_t>(k) * bits / 32;
   out->format = group_format(s, b, static_cast<size_t>(n) * groups);
+  out->scales_shift = std::all_of(s, s + static_cast<size_t>(n) * groups, [](float v) {
+    return v == 0.0f || !std::isfinite(v) || std::fabs(v) >= 0x1p-100f;
+  });
   const size_t w_bytes = static_cast<size_t>(n) * k * bits / 8,
                sb_bytes = static_cast<size_t>(n) * groups * out->value_bytes();
   out->memory = std::make_unique<PanelMemory>(w_bytes + 2 * sb_bytes);
@@ -1356,14 +1363,27 @@ PANEL2_FN_ALWAYS __m256 panel_q8(const __m256i (&half)[2], const uint8_t* quad, 
 
 // out[m, 32q + 16h + j] for the halves h in [H0, H0 + H) of panel q, j < 16, m < M: the
 // chains of M activation rows, row m's activations at x + m * xs.
-template <int BITS, int M, int H0, int H>
+//
+// SHIFT (4 bits, Panels::scales_shift): the code at bits [t, t + 4) of a lane is taken as
+// the integer c 2^t (one AND, no shift: 2^t c has at most 4 significant bits, so it converts
+// to float exactly) and multiplied with the scale times 2^-t (exact: a power of two, no
+// subnormal). The FMA's product c 2^t * s 2^-t is then exactly c s, so w = fma(c 2^t, s 2^-t,
+// b) has the bits of fma(c, s, b): one vector operation fewer per 8 weights (the products are
+// bound by those: 2 FMAs and 3 for the code per 8 weights). The 16 scaled scales of a group
+// are computed once per group and read by the FMAs from memory.
+template <int BITS, int M, int H0, int H, bool SHIFT>
 PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, float* out, size_t os) {
+  static_assert(!SHIFT || BITS == 4);
   const size_t vb = pn.value_bytes();
   __m256 acc[M][H][2];
   _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
   const uint8_t* wq = pn.panel_w(q);
   const float* xk = x;
+  // The shift of column kk's codes in half h of a 4-bit lane, and the AND that keeps them in
+  // place (the top nibble is shifted down instead: c 2^28 may not fit an int32).
+  constexpr auto shift = [](int kk, int h) { return 4 * (2 * kk + h); };
+  alignas(32) float scaled[SHIFT ? 4 : 1][H][2][8];
   for (int g = 0; g < pn.k / pn.gs; ++g) {
     __m256 sc[H][2], bi[H][2];
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
@@ -1372,6 +1392,15 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
         sc[h][v] = panel_values8(pn.format, pn.group_s(q, g) + at);
         bi[h][v] = panel_values8(pn.format, pn.group_b(q, g) + at);
       }
+    if constexpr (SHIFT) {
+      _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+          _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+            const int t = shift(kk, H0 + h);
+            const __m256 factor = _mm256_castsi256_ps(_mm256_set1_epi32((127 - (t == 28 ? 0 : t)) << 23));  // 2^-t
+            _mm256_store_ps(scaled[kk][h][v], _mm256_mul_ps(sc[h][v], factor));
+          }
+    }
     for (int i = 0; i < pn.gs / 4; ++i, wq += pn.quad_bytes(), xk += 4) {
       _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
         _mm_prefetch(reinterpret_cast<const char*>(wq) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
@@ -1385,7 +1414,14 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
         _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
           __m256 w[2];
           _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-            w[v] = _mm256_fmadd_ps(panel_q8<BITS>(half, wq, kk, H0 + h, v), sc[h][v], bi[h][v]);
+            if constexpr (SHIFT) {
+              const int t = shift(kk, H0 + h);
+              const __m256i c = t == 28 ? _mm256_srli_epi32(half[v], 28)
+                                        : _mm256_and_si256(half[v], _mm256_set1_epi32(0xF << t));
+              w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_load_ps(scaled[kk][h][v]), bi[h][v]);
+            } else {
+              w[v] = _mm256_fmadd_ps(panel_q8<BITS>(half, wq, kk, H0 + h, v), sc[h][v], bi[h][v]);
+            }
           }
           _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
             const __m256 xv = _mm256_broadcast_ss(xk + m * xs + kk);
@@ -1410,7 +1446,7 @@ constexpr int kPanel2Rows = 4;
 // Output rows [n0, n1) (whole panels) of a product with panels for at most kTiledMaxRows
 // activation rows (run_rows splits longer prompts), x rows as given; each panel in turn for
 // every group of rows (11 -> 4 + 4 + 3), while it is in L1/L2.
-template <int BITS>
+template <int BITS, bool SHIFT>
 PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   const Panels& pn = *p.panels;
   const size_t xs = static_cast<size_t>(p.k), os = static_cast<size_t>(p.n);
@@ -1420,15 +1456,15 @@ PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
       const float* x = p.x + m0 * xs;
       float* out = p.out + m0 * os;
       switch (std::min(per, p.m - m0)) {
-        case 1: panel_chains_avx2<BITS, 1, 0, 2>(pn, q, x, xs, out, os); break;
-        case 2: panel_chains_avx2<BITS, 2, 0, 2>(pn, q, x, xs, out, os); break;
+        case 1: panel_chains_avx2<BITS, 1, 0, 2, SHIFT>(pn, q, x, xs, out, os); break;
+        case 2: panel_chains_avx2<BITS, 2, 0, 2, SHIFT>(pn, q, x, xs, out, os); break;
         case 3:
-          panel_chains_avx2<BITS, 3, 0, 1>(pn, q, x, xs, out, os);
-          panel_chains_avx2<BITS, 3, 1, 1>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 3, 0, 1, SHIFT>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 3, 1, 1, SHIFT>(pn, q, x, xs, out, os);
           break;
         default:
-          panel_chains_avx2<BITS, 4, 0, 1>(pn, q, x, xs, out, os);
-          panel_chains_avx2<BITS, 4, 1, 1>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 4, 0, 1, SHIFT>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 4, 1, 1, SHIFT>(pn, q, x, xs, out, os);
           break;
       }
     }
@@ -2313,7 +2349,10 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     for (int m0 = 0; m0 < p.m; m0 += per) run_rows(p.rows(m0, std::min(per, p.m - m0)), n0, n1, level, precision);
     return;
   }
-  if (p.panels && precision == kF32) return p.bits == 4 ? rows_panels_avx2<4>(p, n0, n1) : rows_panels_avx2<8>(p, n0, n1);
+  if (p.panels && precision == kF32) {
+    if (p.bits == 8) return rows_panels_avx2<8, false>(p, n0, n1);
+    return p.panels->scales_shift ? rows_panels_avx2<4, true>(p, n0, n1) : rows_panels_avx2<4, false>(p, n0, n1);
+  }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
   if (precision == kInt8 && !int8_vector(level)) return p.bits == 4 ? rows_int8_avx2<4>(p, n0, n1) : rows_int8_avx2<8>(p, n0, n1);
   if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
