@@ -2167,6 +2167,95 @@ AVX2_FN void rows_int8_avx2(const Problem& p, int n0, int n1) {
   }
 }
 
+// int8 precision on AVX2 from a 4-bit matrix's repacked copy (CPUs without AVX512_VNNI, with
+// F16C): the broadcast form of int8_panel. Byte c of panel word j holds the codes of features
+// j (low nibble) and j + 16 (high nibble) at column 4i + c, so one AND (and a shift for the
+// high nibbles) leaves in each 32-bit lane the 4 codes of one feature, and VPMADDUBSW with the
+// row's 4 activation codes broadcast gives two 16-bit pair sums per feature. A code is at most
+// 15 and an activation code at most 127 in magnitude, so a pair sum is at most 3,810 and the 8
+// quads of a block at most 30,480: the block's sums stay exact in 16 bits, and one VPMADDWD
+// per block makes them the exact int32 dot products. The f32 steps are int8_panel's, so the
+// bits are those of every other int8 path. Panel q, halves [H0, H0 + H), rows m0 .. m0 + M - 1.
+template <int M, int H0, int H>
+PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
+  const Panels& pn = *p.panels;
+  const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks()), vb = pn.value_bytes();
+  const int8_t* xq = p.xq + m0 * k64;
+  const float* xd = p.xd + m0 * nb;
+  const float* xs = p.xs + static_cast<size_t>(m0) * p.groups();
+  const uint8_t* wq = pn.panel_w(q);
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[M][H][2];
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
+  auto at = [vb](int h, int v) { return (16 * (H0 + h) + 8 * v) * vb; };
+  for (int g = 0, b = 0; g < p.groups(); ++g) {
+    for (int bg = 0; bg < p.gs / 32; ++bg, ++b) {
+      __m256i dot[M][H][2];
+      _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) dot[m][h][0] = dot[m][h][1] = _mm256_setzero_si256();
+      _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i, wq += pn.quad_bytes()) {
+        _mm_prefetch(reinterpret_cast<const char*>(wq) + kPanelPrefetchBytes, _MM_HINT_T0);
+        __m256i codes[H][2];
+        _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+          const __m256i half = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
+          _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
+            codes[h][v] = _mm256_and_si256(H0 + h == 0 ? half : _mm256_srli_epi32(half, 4), nibble);
+          }
+        }
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k64 + 32 * b + 4 * i, sizeof four);
+          const __m256i xb = _mm256_set1_epi32(four);
+          _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+            _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+              dot[m][h][v] = _mm256_add_epi16(dot[m][h][v], _mm256_maddubs_epi16(codes[h][v], xb));
+            }
+        }
+      }
+      _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+        _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+          const __m256 sc = panel_values8(pn.format, pn.group_s(q, g) + at(h, v));
+          _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+            const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m][h][v], ones));
+            acc[m][h][v] = _mm256_fmadd_ps(_mm256_mul_ps(sums, _mm256_set1_ps(xd[m * nb + b])), sc, acc[m][h][v]);
+          }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+        const __m256 bi = panel_values8(pn.format, pn.group_b(q, g) + at(h, v));
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+          acc[m][h][v] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs[static_cast<size_t>(m) * p.groups() + g]), acc[m][h][v]);
+        }
+      }
+  }
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
+      float* out = p.out + static_cast<size_t>(m0 + m) * p.n + kPanelCols * q + 16 * (H0 + h);
+      _mm256_storeu_ps(out, acc[m][h][0]);
+      _mm256_storeu_ps(out + 8, acc[m][h][1]);
+    }
+}
+
+// Output rows [n0, n1) (whole panels) of a 4-bit product in int8 precision on AVX2: one
+// activation row over the whole panel (8 accumulators, 4 of them integer), more rows two at a
+// time, a half panel at a time (16 registers).
+PANEL2_FN void rows_int8_panels_avx2(const Problem& p, int n0, int n1) {
+  for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
+    if (p.m == 1) {
+      int8_panel_avx2<1, 0, 2>(p, q, 0);
+      continue;
+    }
+    int m0 = 0;
+    for (; m0 + 2 <= p.m; m0 += 2) {
+      int8_panel_avx2<2, 0, 1>(p, q, m0);
+      int8_panel_avx2<2, 1, 1>(p, q, m0);
+    }
+    if (m0 < p.m) int8_panel_avx2<1, 0, 2>(p, q, m0);
+  }
+}
+
 // VPERMT2B (AVX512_VBMI): byte i of the result is byte idx[i] % 128 of the 128 bytes a, b. As
 // assembly, so that the kernels need no VBMI target: only 8-bit panels run it, on CPUs that
 // have it (uses_panels).
@@ -2311,10 +2400,14 @@ bool uses_amx(const Problem& p, int level, int precision) {
 // AVX-512, in f32 precision computed on them (rows_panels) or, prompt chunks, packed from them
 // for the GEMM (gemm_pack_panels); in int8 precision with VNNI (8 bits: and VBMI), computed on
 // them (rows_int8_panels; group sizes 32, 64, 128); on AVX2 with F16C in f32 precision,
-// computed on them (rows_panels_avx2).
+// computed on them (rows_panels_avx2), and 4-bit ones in int8 precision without VNNI
+// (rows_int8_panels_avx2).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
   if (!panel_shape(p.bits, p.n, p.k, p.gs)) return false;
+  if (precision == kInt8 && level >= kAvx2 && !int8_vector(level)) {  // rows_int8_panels_avx2
+    return p.bits == 4 && p.gs % 32 == 0 && cpu_has_f16c();
+  }
   if (level == kAvx2) return precision == kF32 && cpu_has_f16c();
   if (level != kAvx512) return false;
   const bool int8 = int8_vector(level) && p.gs % 32 == 0 && (p.bits == 4 || cpu_has_avx512_vbmi());
@@ -2354,7 +2447,10 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
     return p.panels->scales_shift ? rows_panels_avx2<4, true>(p, n0, n1) : rows_panels_avx2<4, false>(p, n0, n1);
   }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
-  if (precision == kInt8 && !int8_vector(level)) return p.bits == 4 ? rows_int8_avx2<4>(p, n0, n1) : rows_int8_avx2<8>(p, n0, n1);
+  if (precision == kInt8 && !int8_vector(level)) {
+    if (p.panels) return rows_int8_panels_avx2(p, n0, n1);
+    return p.bits == 4 ? rows_int8_avx2<4>(p, n0, n1) : rows_int8_avx2<8>(p, n0, n1);
+  }
   if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
   if (precision == kInt8) return p.bits == 4 ? rows_int8<4>(p, n0, n1) : rows_int8<8>(p, n0, n1);
   if (level == kAvx512) {
