@@ -161,7 +161,8 @@ pub enum Precision {
     /// `q = round(x / d)`, ties to even); the weight codes times the int8 activations are exact
     /// integer dot products (`vpdpbusd`, AVX512_VNNI: 64 multiply-adds an instruction, Intel
     /// SDM), scaled by `d * scale` in f32; the bias term `Σ_g bias_g · Σ_{i∈g} x_i` uses the
-    /// exact f32 sums of x. On CPUs without AVX512_VNNI, AVX2's 16-bit multiply-adds (`vpmaddwd`), else portable code, with the same bits
+    /// exact f32 sums of x. On CPUs without AVX512_VNNI, AVX2 (`vpmaddubsw` on the repacked
+    /// copy of 4-bit matrices, `vpmaddwd` on MLX's rows otherwise), else portable code, with the same bits
     /// ([`KernelPolicy::precision_in_hardware`]). Outputs stay float32; a row's result does not
     /// depend on the number of rows, so speculation is lossless against this precision's plain
     /// decoding. Its distance from f32 is measured by `mlx-spec perplexity --precision int8
