@@ -1380,8 +1380,8 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
   const uint8_t* wq = pn.panel_w(q);
   const float* xk = x;
-  // The shift of column kk's codes in half h of a 4-bit lane, and the AND that keeps them in
-  // place (the top nibble is shifted down instead: c 2^28 may not fit an int32).
+  // The bit offset t of column kk's codes in half h of a 4-bit lane. SHIFT leaves them there
+  // (an AND), except at t = 28, which is shifted down: c 2^28 may not fit an int32.
   constexpr auto shift = [](int kk, int h) { return 4 * (2 * kk + h); };
   alignas(32) float scaled[SHIFT ? 4 : 1][H][2][8];
   for (int g = 0; g < pn.k / pn.gs; ++g) {
