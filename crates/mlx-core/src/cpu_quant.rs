@@ -6,7 +6,7 @@
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T` tokens
 //! costs a fraction of `T` one-token steps; a prompt chunk of more than
-//! [`WINDOW_MAX_ROWS`] rows goes to a GEMM on AVX-512, shorter inputs in blocks of at most 32
+//! [`WINDOW_MAX_ROWS`] rows goes to a GEMM on AVX-512 and AVX2, shorter inputs in blocks of at most 32
 //! rows whose activations stay in cache, each such a window), uses AVX-512F or AVX2 + FMA
 //! when the CPU has them (checked at run time; a portable path otherwise; the caller's
 //! [`KernelPolicy`] caps the choice, see [`KernelPolicy::isa`]) and splits the output
@@ -17,8 +17,8 @@
 //! for windows), and OpenBLAS on a CPU it does not recognise (generic kernels) streams a
 //! one-row product at about half the memory bandwidth that two cores reach here; SmolLM2-135M
 //! f32 decode runs about 2x faster this way (`cargo xtask bench-decode`). Prompt prefill
-//! (more than [`DENSE_MAX_ROWS`] rows) takes the kernel's prompt GEMM on AVX-512 and BLAS
-//! elsewhere.
+//! (more than [`DENSE_MAX_ROWS`] rows) takes the kernel's prompt GEMM on AVX-512 and AVX2 +
+//! FMA, BLAS elsewhere.
 //!
 //! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
 //! float32 activations, scales and biases (load models with `dtype = Float32`, the fast
@@ -171,21 +171,21 @@ pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array, policy: &KernelPolicy
 /// operations of its one-row product (verify windows, batched decode steps, short prompts:
 /// bit for bit the logits of one-token steps). Longer inputs (prompt chunks) take a GEMM in
 /// f32 precision on AVX-512 (`rows_gemm` in `qmm.cc`: ~1.6x the multiply-adds a second at 512
-/// rows) whose rows round differently in the last bits, and equal each other for any longer
-/// row count. Callers that need one-token bits (batched forwards) keep products at most this
+/// rows) and AVX2 + FMA (`rows_gemm_avx2`: the same operations, so the same bits) whose rows
+/// round differently in the last bits, and equal each other for any longer row count. Callers that need one-token bits (batched forwards) keep products at most this
 /// long; the value is `kWindowMaxRows` of `qmm.cc`, pinned by `mlx-core/tests/cpu_quant.rs`.
 pub const WINDOW_MAX_ROWS: usize = 256;
 
 /// Activation rows up to which dense products give every row its one-row bits (the dense
 /// counterpart of [`WINDOW_MAX_ROWS`]). Longer inputs (prompt prefill) take the kernel's
-/// prompt GEMM on AVX-512 (`qmm.cc`'s `kDenseWindowMaxRows`), else BLAS `sgemm`
+/// prompt GEMM on AVX-512 and AVX2 + FMA (`qmm.cc`'s `kDenseWindowMaxRows`), else BLAS `sgemm`
 /// ([`dense_applies`]).
 pub const DENSE_MAX_ROWS: usize = 32;
 
 /// Whether a dense layer should use [`dense_matmuls_t`] for `w [N, K]` and input `x`:
 /// `policy` has the dense kernel on ([`KernelPolicy::uses_dense`]: CPU backend), both are
 /// float32, `K` is a multiple of 32 and `x` has at most [`DENSE_MAX_ROWS`] rows, or more on
-/// AVX-512 (the prompt GEMM; BLAS `sgemm` elsewhere).
+/// AVX-512 or AVX2 + FMA (the prompt GEMM; BLAS `sgemm` elsewhere).
 pub fn dense_applies(w: &Array, x: &Array, policy: &KernelPolicy) -> bool {
     let (ws, xs) = (w.shape(), x.shape());
     let rows: usize = xs[..xs.len().saturating_sub(1)].iter().map(|&d| d as usize).product();
@@ -199,9 +199,10 @@ pub fn dense_applies(w: &Array, x: &Array, policy: &KernelPolicy) -> bool {
 }
 
 /// Whether products longer than the windows run on the kernel's prompt GEMM under `policy`
-/// (AVX-512F on this CPU within the policy's cap; f32 precision, the only one of dense weights).
+/// (AVX-512F or AVX2 + FMA on this CPU within the policy's cap; f32 precision, the only one
+/// of dense weights).
 fn prompt_gemm(policy: &KernelPolicy) -> bool {
-    ffi::cpu_qmm_isa(policy.max_isa as i32, 0) == "avx512f"
+    matches!(ffi::cpu_qmm_isa(policy.max_isa as i32, 0).as_str(), "avx512f" | "avx2+fma")
 }
 
 /// `x [..., K] @ w^T` for a dense `w [N, K]`: `[..., N]` in `x`'s dtype, lazy, with the

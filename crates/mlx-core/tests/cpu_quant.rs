@@ -305,6 +305,95 @@ fn repacked_products_are_one_fma_chain_per_output() {
     }
 }
 
+/// The prompt GEMM's arithmetic (qmm.cc, `rows_gemm` and `rows_gemm_avx2`; products of more
+/// than `WINDOW_MAX_ROWS` rows, `DENSE_MAX_ROWS` for dense weights): per output, per block of
+/// 256 columns a sequential FMA chain from zero in the panel's row order (4 bits: each
+/// 32-block's even columns, then its odd ones), `acc = fma(x_k, w_k, acc)` with `w = fma(q,
+/// scale, bias)`, the blocks' sums added in order. Bit for bit against that loop on AVX2 + FMA
+/// (4 and 8 bits with and without repacked panels, f32 and f16 groups, every group size, K
+/// over several blocks and not a multiple of them, features filling no whole panel of 32) and,
+/// for dense weights, on AVX-512 too (its quantized chunks may take AMX's tile products).
+#[test]
+fn prompt_chunks_are_block_fma_chains() {
+    const BLOCK: usize = 256;
+    // The column of a 32-block that panel row r holds (qmm.cc's `lane_source`).
+    let source = |r: usize, permute4: bool| {
+        if !permute4 {
+            r
+        } else if r < 16 {
+            2 * r
+        } else {
+            2 * (r - 16) + 1
+        }
+    };
+    let chains = |xs: &[f32], w: &dyn Fn(usize, usize) -> f32, t: usize, n: usize, k: usize, permute4: bool| {
+        let mut out = vec![0f32; t * n];
+        for m in 0..t {
+            for f in 0..n {
+                let mut sum = 0f32;
+                for k0 in (0..k).step_by(BLOCK) {
+                    let mut acc = 0f32;
+                    for r in 0..BLOCK.min(k - k0) {
+                        let c = k0 + r / 32 * 32 + source(r % 32, permute4);
+                        acc = xs[m * k + c].mul_add(w(f, c), acc);
+                    }
+                    sum = if k0 == 0 { acc } else { sum + acc };
+                }
+                out[m * n + f] = sum;
+            }
+        }
+        out
+    };
+    let compare = |ours: &[f32], expected: &[f32], what: &str| {
+        for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {i} is {a}, the block chains give {b}");
+        }
+    };
+    let t = cpu_quant::WINDOW_MAX_ROWS as i32 + 7;
+    let p = &KernelPolicy::all_on().with_isa(Isa::Avx2Fma);
+    if p.isa() != Isa::Avx2Fma.name() || p.precision != mlx_core::Precision::F32 {
+        eprintln!("skipped: the AVX2 prompt GEMM needs AVX2 + FMA and f32 precision (here {})", p.isa());
+        return;
+    }
+    for (bits, gs, n, k, stored) in [
+        (4, 64, 64, 640, Stored::F16),
+        (4, 32, 72, 384, Stored::F32),
+        (8, 128, 64, 640, Stored::F32),
+        (8, 32, 40, 288, Stored::F16),
+        (4, 128, 96, 512, Stored::F32Minute),
+    ] {
+        let spec = QuantSpec::new(gs, bits).unwrap();
+        let (mats, x) = mats_and_x(spec, stored, &[n], k, t, 90 + bits as u64);
+        let q = &mats[0];
+        let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+        let (words, s, b) =
+            (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
+        let (kk, per_word, groups) = (k as usize, 32 / bits as usize, (k / gs) as usize);
+        let weight = |f: usize, c: usize| {
+            let word = words[f * kk / per_word + c / per_word];
+            let code = (word >> ((c % per_word) * bits as usize)) & ((1u32 << bits) - 1);
+            let g = f * groups + c / gs as usize;
+            (code as f32).mul_add(s[g], b[g])
+        };
+        let xs = x.to_vec::<f32>().unwrap();
+        let expected = chains(&xs, &weight, t as usize, n as usize, kk, bits == 4);
+        compare(&ours, &expected, &format!("bits {bits} gs {gs} n {n} K {k} {stored:?}"));
+    }
+    for isa in [Isa::Avx2Fma, Isa::Avx512f] {
+        let p = &KernelPolicy::all_on().with_isa(isa);
+        if p.isa() != isa.name() {
+            continue;
+        }
+        let (n, k, t) = (40, 544, cpu_quant::DENSE_MAX_ROWS as i32 + 3);
+        let w = normal(&[n, k], Dtype::Float32, 0.0, 0.5, &Key::new(7)).unwrap();
+        let x = uniform(-1.0, 1.0, &[t, k], Dtype::Float32, &Key::new(8)).unwrap();
+        let ours = cpu_quant::dense_matmuls_t(&x, &[&w], p).unwrap().remove(0).to_vec::<f32>().unwrap();
+        let (ws, xs) = (w.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        let expected = chains(&xs, &|f, c| ws[f * k as usize + c], t as usize, n as usize, k as usize, false);
+        compare(&ours, &expected, &format!("{isa}: dense n {n} K {k}"));
+    }
+}
+
 /// Random matrices `[n, k]` quantized with `spec` as `stored` says, and `x [t, k]`.
 fn mats_and_x(
     spec: QuantSpec,
@@ -456,15 +545,15 @@ fn repacked_weights_follow_their_buffer() {
 /// (qmm.cc, `gemm_pack_panels`) and from MLX's rows where not (a strided view of the weights):
 /// the same rows bit for bit, for 4 and 8 bits, group sizes 32 and 128, K over several of
 /// the GEMM's 256-column blocks and not a multiple of them, the chunk the matrix's first
-/// product (repacked by it) and after a window. Only where chunks take the GEMM (AVX-512, f32
+/// product (repacked by it) and after a window. Only where chunks take the GEMM (AVX-512 or AVX2, f32
 /// precision): elsewhere they run the window kernels, whose repacked copy (one FMA chain per
 /// output) and MLX's rows (partial sums) add in other orders, both checked against MLX by
 /// `prompt_chunks_match_mlx`.
 #[test]
 fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
     let p = &KernelPolicy::all_on();
-    if p.isa() != "avx512f" || p.precision != mlx_core::Precision::F32 {
-        eprintln!("skipped: prompt chunks take the GEMM only on AVX-512 in f32 precision (here {})", p.isa());
+    if !matches!(p.isa().as_str(), "avx512f" | "avx2+fma") || p.precision != mlx_core::Precision::F32 {
+        eprintln!("skipped: prompt chunks take the GEMM only on AVX-512 and AVX2 in f32 precision (here {})", p.isa());
         return;
     }
     let rows = cpu_quant::WINDOW_MAX_ROWS as i32 + 21;
@@ -498,7 +587,7 @@ fn prompt_chunks_from_the_repacked_copy_keep_their_bits() {
     }
 }
 
-/// Prompt chunks of more than `WINDOW_MAX_ROWS` rows (the GEMM on AVX-512 in f32 precision,
+/// Prompt chunks of more than `WINDOW_MAX_ROWS` rows (the GEMM on AVX-512 and AVX2 in f32 precision,
 /// the windows' blocks elsewhere) against MLX and the f64 reference, over features that fill
 /// no whole panel of 32 (and fewer than 16), K over several of the GEMM's 256-column blocks
 /// and not a multiple of them, bits 4 and 8, every group size, one and all threads.
@@ -535,7 +624,7 @@ fn prompt_chunks_match_mlx() {
 
 /// The switch from windows to prompt chunks sits exactly at `WINDOW_MAX_ROWS` (the constant
 /// mirrors `kWindowMaxRows` of qmm.cc): a product of that many rows gives each row its one-row
-/// bits, one more row takes the GEMM (on AVX-512: other bits somewhere in a 1536 x 1536
+/// bits, one more row takes the GEMM (on AVX-512 and AVX2: other bits somewhere in a 1536 x 1536
 /// product), and a chunk's row has the same bits in any longer chunk.
 #[test]
 fn rows_switch_to_the_prompt_gemm_past_the_window_limit() {
@@ -555,7 +644,7 @@ fn rows_switch_to_the_prompt_gemm_past_the_window_limit() {
     let (window, chunk, longer) = (product(max), product(max + 1), product(max + 40));
     assert_eq!(&window[..n as usize], &one[..], "a {max}-row product's first row differs from its one-row product");
     assert_eq!(&chunk[..], &longer[..chunk.len()], "a chunk's rows depend on the chunk's length");
-    if p.isa() == "avx512f" && p.precision == mlx_core::Precision::F32 {
+    if matches!(p.isa().as_str(), "avx512f" | "avx2+fma") && p.precision == mlx_core::Precision::F32 {
         assert_ne!(&chunk[..n as usize], &one[..], "a {}-row product did not take the prompt GEMM", max + 1);
     } else {
         assert_eq!(&chunk[..n as usize], &one[..], "{}: rows must keep one-row bits", p.isa());

@@ -1472,6 +1472,147 @@ PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   (void)parts;
 }
 
+// ---------------------------------------------------------------------------------------
+// Prompt chunks on AVX2 + FMA (f32 precision, more than kWindowMaxRows activation rows, or
+// kDenseWindowMaxRows of dense weights): rows_gemm's GEMM in 8-lane vectors. The window
+// kernels above spend 2 of every 10 FMAs of a prompt block dequantizing (each 4-row pass of
+// panel_chains_avx2 dequantizes the panel again) and hold 8 accumulators; here the panel is
+// dequantized once per call, as for AVX-512, into the same panel layout (gemm_pack's: 32
+// features side by side per column of a block of kGemmDepth columns, 4 bits in the lane
+// order of gemm_pack_x's copy of x), and a micro-kernel keeps kGemm2Rows activation rows x
+// 16 features in 12 of the 16 registers: per column two panel loads and 6 broadcasts feed 12
+// FMAs. Per output element the float operations are rows_gemm's (a sequential FMA chain over
+// a block's panel rows from zero, the blocks' sums added in order), so a chunk's rows have
+// the AVX-512 GEMM's bits.
+constexpr int kGemm2Rows = 6;
+
+// out[i, 0..cols) (+)= x_i . panel half over `depth` columns for the first MR rows at x (a
+// row offset into a packed tile of x, gemm_pack_x: row i of column k at x[kGemmRows k + i]);
+// `panel` points at the half's 16 features of the first column; `first` stores, else adds
+// to what a previous block left; only the first `cols` (<= 16) features are written.
+template <int MR>
+AVX2_FN void gemm_tile_avx2(const float* x, const float* panel, int depth, float* out, size_t os, bool first, int cols) {
+  __m256 acc[MR][2];
+  _Pragma("GCC unroll 6") for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  _Pragma("GCC unroll 4") for (int k = 0; k < depth; ++k) {
+    const __m256 w0 = _mm256_load_ps(panel + kGemmCols * k), w1 = _mm256_load_ps(panel + kGemmCols * k + 8);
+    _Pragma("GCC unroll 6") for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(x + kGemmRows * k + i);
+      acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
+    }
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane),
+                           _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane)};
+  _Pragma("GCC unroll 6") for (int i = 0; i < MR; ++i) {
+    _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+      float* o = out + i * os + 8 * v;
+      if (cols >= 16) {
+        if (!first) acc[i][v] = _mm256_add_ps(_mm256_loadu_ps(o), acc[i][v]);
+        _mm256_storeu_ps(o, acc[i][v]);
+      } else {
+        if (!first) acc[i][v] = _mm256_add_ps(_mm256_maskload_ps(o, mask[v]), acc[i][v]);
+        _mm256_maskstore_ps(o, mask[v], acc[i][v]);
+      }
+    }
+  }
+}
+
+// gemm_pack_panels in 8-lane vectors: the same weights (the affine FMA on the same q, scale
+// and bias) in the same panel rows.
+template <int BITS>
+PANEL2_FN void gemm_pack_panels_avx2(const Panels& pn, int q, int k0, int depth, bool permute4, float* panel) {
+  const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
+  const size_t vb = pn.value_bytes();
+  __m256 sc[2][2], bi[2][2];
+  for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {
+    if ((4 * i) % pn.gs == 0) {  // k0 starts a group
+      const int g = (k0 + 4 * i) / pn.gs;
+      for (int h = 0; h < 2; ++h)
+        for (int v = 0; v < 2; ++v) {
+          sc[h][v] = panel_values8(pn.format, pn.group_s(q, g) + (16 * h + 8 * v) * vb);
+          bi[h][v] = panel_values8(pn.format, pn.group_b(q, g) + (16 * h + 8 * v) * vb);
+        }
+    }
+    __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    if constexpr (BITS == 4) {
+      half[0] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq));
+      half[1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32));
+    }
+    _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk) {
+      const int e = 4 * i + kk;  // column k0 + e
+      float* to = panel + kGemmCols * (e / 32 * 32 + lane_of(e % 32, permute4));
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+        _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+          _mm256_store_ps(to + 16 * h + 8 * v, _mm256_fmadd_ps(panel_q8<BITS>(half, wq, kk, h, v), sc[h][v], bi[h][v]));
+        }
+    }
+  }
+}
+
+// gemm_pack from MLX's rows (matrices without panels, dense weights): each weight row's
+// chunks of 8 dequantized as the row kernels do (decode8, affine8), then each weight stored
+// to its panel row (column k0 + e at lane_of(e)); the features past `cols` are zeros.
+template <int BITS>
+AVX2_FN void gemm_pack_rows_avx2(const Problem& p, int nb, int cols, int k0, int depth, bool permute4, float* panel) {
+  int row_of[32];
+  for (int e = 0; e < 32; ++e) row_of[e] = lane_of(e, permute4);
+  for (int j = 0; j < kGemmCols; ++j) {
+    if (j >= cols) {
+      for (int r = 0; r < depth; ++r) panel[kGemmCols * r + j] = 0.f;
+      continue;
+    }
+    const int n = nb + j;
+    const uint32_t* wr = p.w_row(n);
+    for (int c = k0 / 8; c < (k0 + depth) / 8; ++c) {
+      __m256 sc, bi;
+      group8<BITS>(p, n, 8 * c / p.gs, sc, bi);
+      alignas(32) float w[8];
+      _mm256_store_ps(w, affine8<BITS>(decode8<BITS>(wr, c), sc, bi));
+      for (int l = 0; l < 8; ++l) {
+        const int e = 8 * c + l - k0;
+        panel[kGemmCols * (e / 32 * 32 + row_of[e % 32]) + j] = w[l];
+      }
+    }
+  }
+}
+
+// Output rows [n0, n1) of a prompt chunk on AVX2: per block of kGemmDepth columns of K, per
+// panel of 32 features (packed once, 32 KB), per tile of kGemmRows x rows (gemm_pack_x's
+// tiles), each half of the panel for both halves of the tile.
+template <int BITS>
+AVX2_FN void rows_gemm_avx2(const Problem& p, int n0, int n1) {
+  thread_local std::vector<float> panel_buf;
+  float* panel = aligned64(panel_buf, kGemmCols * kGemmDepth);
+  const size_t os = static_cast<size_t>(p.n), padded = gemm_padded_rows(p.m);
+  constexpr bool permute4 = BITS == 4;
+  for (int k0 = 0; k0 < p.k; k0 += kGemmDepth) {
+    const int depth = std::min(kGemmDepth, p.k - k0);
+    for (int nb = n0; nb < n1; nb += kGemmCols) {
+      const int cols = std::min(kGemmCols, n1 - nb);
+      if constexpr (BITS == 4 || BITS == 8) {
+        if (p.panels) gemm_pack_panels_avx2<BITS>(*p.panels, nb / kPanelCols, k0, depth, permute4, panel);
+        else gemm_pack_rows_avx2<BITS>(p, nb, cols, k0, depth, permute4, panel);
+      } else {
+        gemm_pack_rows_avx2<BITS>(p, nb, cols, k0, depth, permute4, panel);
+      }
+      for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
+        const float* tile = p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * depth;
+        for (int h = 0; h < 2 && 16 * h < cols; ++h) {
+          for (int i0 = 0; i0 < kGemmRows && m0 + i0 < p.m; i0 += kGemm2Rows) {
+            with_count<kGemm2Rows>(p.m - m0 - i0, [&](auto mr) {
+              gemm_tile_avx2<decltype(mr)::value>(tile + i0, panel + 16 * h, depth,
+                                                  p.out + static_cast<size_t>(m0 + i0) * os + nb + 16 * h, os, k0 == 0,
+                                                  std::min(16, cols - 16 * h));
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
 // The vector part of swiglu_rows: whole vectors of 8 in [n0, n1); returns where it stopped.
 AVX2_FN int swiglu_avx2(const float* gate, const float* up, float* out, int n0, int n1) {
   int i = n0;
@@ -2381,19 +2522,20 @@ bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); 
 // rows_int8_avx2 from AVX2 up, rows_int8_portable below: the same bits, slower).
 bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
 
-// Whether a product goes to the GEMM (rows_gemm): prompt chunks in f32 precision on AVX-512.
+// Whether a product goes to the GEMM (rows_gemm, rows_gemm_avx2): prompt chunks in f32
+// precision on AVX-512 or AVX2 + FMA.
 bool uses_gemm(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
-  return level == kAvx512 && precision == kF32 && p.m > (p.bits == kDense ? kDenseWindowMaxRows : kWindowMaxRows);
+  return level >= kAvx2 && precision == kF32 && p.m > (p.bits == kDense ? kDenseWindowMaxRows : kWindowMaxRows);
 #else
   return false;
 #endif
 }
 
 // Whether a prompt chunk on the GEMM takes AMX's tile products (rows_amx): 4- and 8-bit
-// matrices on a CPU with AMX-BF16.
+// matrices on a CPU with AMX-BF16, at level AVX-512.
 bool uses_amx(const Problem& p, int level, int precision) {
-  return uses_gemm(p, level, precision) && (p.bits == 4 || p.bits == 8) && cpu_has_amx_bf16();
+  return level == kAvx512 && uses_gemm(p, level, precision) && (p.bits == 4 || p.bits == 8) && cpu_has_amx_bf16();
 }
 
 // Whether a product reads its matrix's panels: 4- and 8-bit matrices of whole panels on
@@ -2422,6 +2564,13 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kInt8 && level < kAvx2) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
+  if (uses_gemm(p, level, precision) && level == kAvx2) {
+    switch (p.bits) {
+      case 4: return rows_gemm_avx2<4>(p, n0, n1);
+      case 8: return rows_gemm_avx2<8>(p, n0, n1);
+      default: return rows_gemm_avx2<kDense>(p, n0, n1);
+    }
+  }
   if (uses_gemm(p, level, precision)) {
     if (p.xa) return p.bits == 4 ? rows_amx<4>(p, n0, n1) : rows_amx<8>(p, n0, n1);
     switch (p.bits) {
