@@ -17,8 +17,9 @@
 //! for windows), and OpenBLAS on a CPU it does not recognise (generic kernels) streams a
 //! one-row product at about half the memory bandwidth that two cores reach here; SmolLM2-135M
 //! f32 decode runs about 2x faster this way (`cargo xtask bench-decode`). Prompt prefill
-//! (more than [`DENSE_MAX_ROWS`] rows) takes the kernel's prompt GEMM on AVX-512 and AVX2 +
-//! FMA, BLAS elsewhere.
+//! (more than [`DENSE_MAX_ROWS`] rows) takes the kernel's prompt GEMM on AVX-512 and BLAS
+//! elsewhere (OpenBLAS has AVX2 kernels for the CPUs without AVX-512, and its `sgemm` beat the
+//! kernel's dense GEMM on a Zen 3 CPU).
 //!
 //! Supported: [`QuantSpec`] with `bits` 4 or 8 and any supported group size (32, 64, 128),
 //! float32 activations, scales and biases (load models with `dtype = Float32`, the fast
@@ -178,14 +179,14 @@ pub const WINDOW_MAX_ROWS: usize = 256;
 
 /// Activation rows up to which dense products give every row its one-row bits (the dense
 /// counterpart of [`WINDOW_MAX_ROWS`]). Longer inputs (prompt prefill) take the kernel's
-/// prompt GEMM on AVX-512 and AVX2 + FMA (`qmm.cc`'s `kDenseWindowMaxRows`), else BLAS `sgemm`
+/// prompt GEMM on AVX-512 (`qmm.cc`'s `kDenseWindowMaxRows`), else BLAS `sgemm`
 /// ([`dense_applies`]).
 pub const DENSE_MAX_ROWS: usize = 32;
 
 /// Whether a dense layer should use [`dense_matmuls_t`] for `w [N, K]` and input `x`:
 /// `policy` has the dense kernel on ([`KernelPolicy::uses_dense`]: CPU backend), both are
 /// float32, `K` is a multiple of 32 and `x` has at most [`DENSE_MAX_ROWS`] rows, or more on
-/// AVX-512 or AVX2 + FMA (the prompt GEMM; BLAS `sgemm` elsewhere).
+/// AVX-512 (the prompt GEMM; BLAS `sgemm` elsewhere).
 pub fn dense_applies(w: &Array, x: &Array, policy: &KernelPolicy) -> bool {
     let (ws, xs) = (w.shape(), x.shape());
     let rows: usize = xs[..xs.len().saturating_sub(1)].iter().map(|&d| d as usize).product();
@@ -198,11 +199,11 @@ pub fn dense_applies(w: &Array, x: &Array, policy: &KernelPolicy) -> bool {
         && (rows <= DENSE_MAX_ROWS || prompt_gemm(policy))
 }
 
-/// Whether products longer than the windows run on the kernel's prompt GEMM under `policy`
-/// (AVX-512F or AVX2 + FMA on this CPU within the policy's cap; f32 precision, the only one
-/// of dense weights).
+/// Whether dense products longer than the windows run on the kernel's prompt GEMM under
+/// `policy` (AVX-512F on this CPU within the policy's cap; f32 precision, the only one of
+/// dense weights).
 fn prompt_gemm(policy: &KernelPolicy) -> bool {
-    matches!(ffi::cpu_qmm_isa(policy.max_isa as i32, 0).as_str(), "avx512f" | "avx2+fma")
+    ffi::cpu_qmm_isa(policy.max_isa as i32, 0) == "avx512f"
 }
 
 /// `x [..., K] @ w^T` for a dense `w [N, K]`: `[..., N]` in `x`'s dtype, lazy, with the

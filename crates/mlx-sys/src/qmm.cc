@@ -1473,8 +1473,8 @@ PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Prompt chunks on AVX2 + FMA (f32 precision, more than kWindowMaxRows activation rows, or
-// kDenseWindowMaxRows of dense weights): rows_gemm's GEMM in 8-lane vectors. The window
+// Prompt chunks on AVX2 + FMA (f32 precision, 4- and 8-bit matrices, more than
+// kWindowMaxRows activation rows): rows_gemm's GEMM in 8-lane vectors. The window
 // kernels above spend 2 of every 10 FMAs of a prompt block dequantizing (each 4-row pass of
 // panel_chains_avx2 dequantizes the panel again) and hold 8 accumulators; here the panel is
 // dequantized once per call, as for AVX-512, into the same panel layout (gemm_pack's: 32
@@ -1551,7 +1551,7 @@ PANEL2_FN void gemm_pack_panels_avx2(const Panels& pn, int q, int k0, int depth,
   }
 }
 
-// gemm_pack from MLX's rows (matrices without panels, dense weights): each weight row's
+// gemm_pack from MLX's rows (matrices without panels): each weight row's
 // chunks of 8 dequantized as the row kernels do (decode8, affine8), then each weight stored
 // to its panel row (column k0 + e at lane_of(e)); the features past `cols` are zeros.
 template <int BITS>
@@ -1591,12 +1591,8 @@ AVX2_FN void rows_gemm_avx2(const Problem& p, int n0, int n1) {
     const int depth = std::min(kGemmDepth, p.k - k0);
     for (int nb = n0; nb < n1; nb += kGemmCols) {
       const int cols = std::min(kGemmCols, n1 - nb);
-      if constexpr (BITS == 4 || BITS == 8) {
-        if (p.panels) gemm_pack_panels_avx2<BITS>(*p.panels, nb / kPanelCols, k0, depth, permute4, panel);
-        else gemm_pack_rows_avx2<BITS>(p, nb, cols, k0, depth, permute4, panel);
-      } else {
-        gemm_pack_rows_avx2<BITS>(p, nb, cols, k0, depth, permute4, panel);
-      }
+      if (p.panels) gemm_pack_panels_avx2<BITS>(*p.panels, nb / kPanelCols, k0, depth, permute4, panel);
+      else gemm_pack_rows_avx2<BITS>(p, nb, cols, k0, depth, permute4, panel);
       for (int m0 = 0; m0 < p.m; m0 += kGemmRows) {
         const float* tile = p.xg + static_cast<size_t>(k0) * padded + static_cast<size_t>(m0) * depth;
         for (int h = 0; h < 2 && 16 * h < cols; ++h) {
@@ -2523,9 +2519,12 @@ bool bf16_vector(int level) { return level == kAvx512 && cpu_has_avx512_bf16(); 
 bool int8_vector(int level) { return level == kAvx512 && cpu_has_avx512_vnni(); }
 
 // Whether a product goes to the GEMM (rows_gemm, rows_gemm_avx2): prompt chunks in f32
-// precision on AVX-512 or AVX2 + FMA.
+// precision on AVX-512, of 4- and 8-bit matrices on AVX2 + FMA (dense ones go to BLAS there:
+// OpenBLAS has AVX2 kernels for the CPUs that have AVX2 and no AVX-512, and its sgemm beat
+// this GEMM's dense path, `qmm_profile 512 ..x32g32`: 85 against 74 G multiply-adds a second).
 bool uses_gemm(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
+  if (level == kAvx2 && p.bits == kDense) return false;
   return level >= kAvx2 && precision == kF32 && p.m > (p.bits == kDense ? kDenseWindowMaxRows : kWindowMaxRows);
 #else
   return false;
@@ -2565,11 +2564,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
   if (uses_gemm(p, level, precision) && level == kAvx2) {
-    switch (p.bits) {
-      case 4: return rows_gemm_avx2<4>(p, n0, n1);
-      case 8: return rows_gemm_avx2<8>(p, n0, n1);
-      default: return rows_gemm_avx2<kDense>(p, n0, n1);
-    }
+    return p.bits == 4 ? rows_gemm_avx2<4>(p, n0, n1) : rows_gemm_avx2<8>(p, n0, n1);
   }
   if (uses_gemm(p, level, precision)) {
     if (p.xa) return p.bits == 4 ? rows_amx<4>(p, n0, n1) : rows_amx<8>(p, n0, n1);

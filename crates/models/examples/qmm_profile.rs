@@ -3,6 +3,9 @@
 //! dispatch is included) and the multiply-adds per second it implies, for T activation rows:
 //! `cargo run --release -p models --example qmm_profile -- [T,T,..] [NxKxBITSgGS,..]`
 //! (default T = 1,8,11,16; shapes SmolLM2's, e.g. `8960x1536x4g64` for Qwen2.5-1.5B's MLP).
+//! Bits 32 (`1536x576x32g32`) is a dense f32 matrix: the kernel's dense products
+//! (`cpu_quant::dense_matmuls_t`) and MLX's matmul (BLAS `sgemm`) alternate, each line `f32`
+//! and `blas`.
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, quantize};
@@ -26,6 +29,10 @@ fn main() {
     };
     for (n, k, bits, gs) in shapes {
         let w = random::normal(&[n, k], Dtype::Float32, 0.0, 1.0, &key).unwrap();
+        if bits == 32 {
+            dense(&w, &ts, &key, &policy);
+            continue;
+        }
         let q = quantize(&w, QuantSpec::new(gs, bits).unwrap()).unwrap();
         eval(&[&q.weight, &q.scales, &q.biases]).unwrap();
         for &t in &ts {
@@ -43,6 +50,36 @@ fn main() {
             }
             let macs = (n as f64) * (k as f64) * (t as f64);
             println!("q{bits} {t:2}x{k}x{n}: {:8.1} us  {:6.1} GMAC/s", best * 1e6, macs / best / 1e9);
+        }
+    }
+}
+
+/// Dense `w [N, K]`: the kernel's product and BLAS's (MLX's matmul with `w^T`), alternated
+/// within each repetition, best of N each.
+fn dense(w: &mlx_core::Array, ts: &[i32], key: &random::Key, policy: &mlx_core::KernelPolicy) {
+    let (n, k) = (w.shape()[0], w.shape()[1]);
+    let wt = w.transpose(&[1, 0]).unwrap();
+    eval(&[w, &wt]).unwrap();
+    for &t in ts {
+        let x = random::normal(&[t, k], Dtype::Float32, 0.0, 1.0, key).unwrap();
+        eval(&[&x]).unwrap();
+        let reps = if t > 64 { 20 } else { 200 };
+        let mut best = [f64::MAX; 2];
+        for _ in 0..reps {
+            for (arm, b) in best.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                let y = if arm == 0 {
+                    cpu_quant::dense_matmuls_t(&x, &[w], policy).unwrap().remove(0)
+                } else {
+                    x.matmul(&wt).unwrap()
+                };
+                y.eval().unwrap();
+                *b = b.min(t0.elapsed().as_secs_f64());
+            }
+        }
+        let macs = (n as f64) * (k as f64) * (t as f64);
+        for (name, b) in ["f32 ", "blas"].iter().zip(best) {
+            println!("{name} {t:2}x{k}x{n}: {:8.1} us  {:6.1} GMAC/s", b * 1e6, macs / b / 1e9);
         }
     }
 }
