@@ -91,7 +91,7 @@ fn case() -> impl Strategy<Value = Case> {
         // Short caches, and caches of several key segments (512 keys each) whose windows end
         // on either side of a segment's edge.
         prop_oneof![0..=90i32, 430..=600i32, 1000..=1100i32],
-        prop::sample::select(vec![8, 12, 64, 128]),
+        prop::sample::select(vec![8, 12, 24, 64, 128]),
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),

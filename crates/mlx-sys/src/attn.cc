@@ -181,16 +181,20 @@ constexpr int kValueTileRows = 12;
 // keys or values up to `last`.
 struct Avx2Attn {
   static constexpr int kScoreStep = 8;
-  static constexpr int kScoreRows = 1;
+  static constexpr int kScoreRows = 3;
   static constexpr int kQueryPad = 1;
   static constexpr bool kValueTiles = false;
 
   // Where element d of query row r goes in the task's scaled queries: row by row.
   static size_t q_at(int r, int d, int d_len) { return static_cast<size_t>(r) * d_len + d; }
 
-  // One row (kScoreRows): its scores into sr_row[0].
-  static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int, int j0, int j1,
+  // Up to kScoreRows rows (`rows`, their scaled queries at q + i * D): their scores into
+  // sr_row[i]. One row: 8 keys at a time (key_dot each). Two or three rows share each key's
+  // loads (scores_rows).
+  static AVX2_FN void scores(const AttnProblem& p, int b, int kvh, const float* q, int rows, int j0, int j1,
                              float* const* sr_row, bool lead, int last) {
+    if (rows == 2) return scores_rows<2>(p, b, kvh, q, j0, j1, sr_row, lead, last);
+    if (rows == 3) return scores_rows<3>(p, b, kvh, q, j0, j1, sr_row, lead, last);
     float* sr = sr_row[0];
     int j = j0;
     for (; j + 8 <= j1; j += 8) {
@@ -202,10 +206,93 @@ struct Avx2Attn {
     for (; j < j1; ++j) sr[j] = hsum8(key_dot(q, p.k.row(b, kvh, j), p.d));
   }
 
-  static void values2(const AttnProblem& p, int b, int kvh, const float* sr0, const float* sr1, int j0, int j1_0,
-                      int j1_1, float* a0, float* a1, bool lead, int last) {
-    values(p, b, kvh, sr0, j0, j1_0, a0, lead, last);
-    values(p, b, kvh, sr1, j0, j1_1, a1, false, last);
+  // R rows' scores, 8 keys at a time in pairs: per pair of keys and chunk pair of D, 4 key
+  // loads feed 4R FMAs (4R of the 16 registers accumulate), where one row at a time loaded
+  // its query and the key for every FMA. Each (row, key) keeps key_dot's two chains (even
+  // and odd chunks) and its sum a0 + a1, reduced by hsum8x8 as for one row: the same bits.
+  template <int R>
+  static AVX2_FN void scores_rows(const AttnProblem& p, int b, int kvh, const float* q, int j0, int j1,
+                                  float* const* sr_row, bool lead, int last) {
+    const int d_len = p.d;
+    int j = j0;
+    for (; j + 8 <= j1; j += 8) {
+      if (lead && j + kKeyBlock + 8 <= last) prefetch_rows(p.k, b, kvh, j + kKeyBlock, 8, p.d);
+      __m256 dots[R][8];
+      for (int u = 0; u < 8; u += 2) {
+        const float* k0 = p.k.row(b, kvh, j + u);
+        const float* k1 = p.k.row(b, kvh, j + u + 1);
+        __m256 a0[R][2], a1[R][2];
+        _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) a0[i][0] = a0[i][1] = a1[i][0] = a1[i][1] = _mm256_setzero_ps();
+        int d = 0;
+        for (; d + 16 <= d_len; d += 16) {
+          const __m256 ka = _mm256_loadu_ps(k0 + d), kb = _mm256_loadu_ps(k1 + d);
+          const __m256 kc = _mm256_loadu_ps(k0 + d + 8), kd = _mm256_loadu_ps(k1 + d + 8);
+          _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) {
+            const float* qi = q + static_cast<size_t>(i) * d_len + d;
+            a0[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qi), ka, a0[i][0]);
+            a0[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qi), kb, a0[i][1]);
+            a1[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8), kc, a1[i][0]);
+            a1[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8), kd, a1[i][1]);
+          }
+        }
+        if (d < d_len) {
+          const __m256 ka = _mm256_loadu_ps(k0 + d), kb = _mm256_loadu_ps(k1 + d);
+          _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) {
+            const float* qi = q + static_cast<size_t>(i) * d_len + d;
+            a0[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qi), ka, a0[i][0]);
+            a0[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qi), kb, a0[i][1]);
+          }
+        }
+        _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) {
+          dots[i][u] = _mm256_add_ps(a0[i][0], a1[i][0]);
+          dots[i][u + 1] = _mm256_add_ps(a0[i][1], a1[i][1]);
+        }
+      }
+      _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) _mm256_storeu_ps(sr_row[i] + j, hsum8x8(dots[i]));
+    }
+    for (; j < j1; ++j) {
+      _Pragma("GCC unroll 3") for (int i = 0; i < R; ++i) {
+        sr_row[i][j] = hsum8(key_dot(q + static_cast<size_t>(i) * d_len, p.k.row(b, kvh, j), d_len));
+      }
+    }
+  }
+
+  // Rows 0 and 1 (keys [j0, j1_0) and [j0, j1_1)): over the keys both see, each value row's
+  // loads serve both (Dv in quarters of up to 4 vectors a row: 8 accumulators), then the
+  // one that sees more alone. Each lane still sums its row's keys in order: values' bits.
+  static AVX2_FN void values2(const AttnProblem& p, int b, int kvh, const float* sr0, const float* sr1, int j0,
+                              int j1_0, int j1_1, float* a0, float* a1, bool lead, int last) {
+    const int both = std::min(j1_0, j1_1);
+    for (int d0 = 0; d0 < p.dv; d0 += 32) {
+      const int chunks = std::min(4, (p.dv - d0) / 8);
+      __m256 ac[2][4];
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
+        if (c < chunks) {
+          ac[0][c] = _mm256_loadu_ps(a0 + d0 + 8 * c);
+          ac[1][c] = _mm256_loadu_ps(a1 + d0 + 8 * c);
+        }
+      }
+      for (int j = j0; j < both; ++j) {
+        if (lead && d0 == 0 && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
+        const __m256 p0 = _mm256_set1_ps(sr0[j]), p1 = _mm256_set1_ps(sr1[j]);
+        const float* vr = p.v.row(b, kvh, j) + d0;
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
+          if (c < chunks) {
+            const __m256 v = _mm256_loadu_ps(vr + 8 * c);
+            ac[0][c] = _mm256_fmadd_ps(p0, v, ac[0][c]);
+            ac[1][c] = _mm256_fmadd_ps(p1, v, ac[1][c]);
+          }
+        }
+      }
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
+        if (c < chunks) {
+          _mm256_storeu_ps(a0 + d0 + 8 * c, ac[0][c]);
+          _mm256_storeu_ps(a1 + d0 + 8 * c, ac[1][c]);
+        }
+      }
+    }
+    if (both < j1_0) values(p, b, kvh, sr0, std::max(j0, both), j1_0, a0, false, last);
+    if (both < j1_1) values(p, b, kvh, sr1, std::max(j0, both), j1_1, a1, false, last);
   }
 
   static AVX2_FN void values(const AttnProblem& p, int b, int kvh, const float* sr, int j0, int j1, float* a, bool lead,
