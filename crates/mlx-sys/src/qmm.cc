@@ -12,9 +12,9 @@
 //   - in f32 precision repacks a matrix of whole panels of 32 features once (PanelCache) and
 //     computes it in the broadcast form, one FMA chain over K per output: on AVX-512 32
 //     features per vector (rows_panels), on AVX2 + FMA + F16C 8 (rows_panels_avx2), the same
-//     bits (on AVX-512, prompt chunks of more than 256 rows take the
-//     GEMM, whose panels are then packed from the copy, or on CPUs with AMX-BF16 the tile
-//     unit's products, rows_amx); the row kernels below serve the rest;
+//     bits (prompt chunks of more than 256 rows take the GEMM, whose panels are then packed
+//     from the copy: rows_gemm on AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16
+//     the tile unit's products, rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
 //     register group of rows is one pointer);
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
@@ -80,9 +80,10 @@ constexpr int kPrefetchMaxRows = 16;
 
 // Products of at most this many activation rows (verify windows, batched decode steps, short
 // prompts) give every row the bits of its one-row product; longer ones (prompt chunks) take
-// the GEMM (rows_gemm) on AVX-512 in f32 precision. mlx-core's `cpu_quant::WINDOW_MAX_ROWS`;
-// dense weights: kDenseWindowMaxRows, mlx-core's `cpu_quant::DENSE_MAX_ROWS` (their longer
-// products went to BLAS before the GEMM, and still do off AVX-512).
+// the GEMM (rows_gemm on AVX-512, rows_gemm_avx2 on AVX2) in f32 precision. mlx-core's
+// `cpu_quant::WINDOW_MAX_ROWS`; dense weights: kDenseWindowMaxRows, mlx-core's
+// `cpu_quant::DENSE_MAX_ROWS` (their longer products went to BLAS before the GEMM, and still
+// do off AVX-512).
 constexpr int kWindowMaxRows = 256;
 constexpr int kDenseWindowMaxRows = 32;
 
@@ -108,7 +109,7 @@ struct Problem {
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
-  // Prompt chunks on the GEMM (rows_gemm) only: x in the micro-kernel's order (gemm_pack_x).
+  // Prompt chunks on the GEMM (rows_gemm, rows_gemm_avx2) only: x in the micro-kernels' order (gemm_pack_x).
   const float* xg = nullptr;
   // Prompt chunks on AMX (rows_amx) only: x split into three bf16 parts, stored tile by
   // tile, and each group's sum [padded M][groups()] (amx_split_x).
