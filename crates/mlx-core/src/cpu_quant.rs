@@ -6,8 +6,8 @@
 //! lazy node of the graph like any other op, evaluated on the CPU stream. It reads each
 //! packed weight row once per call for all activation rows (a verify window of `T` tokens
 //! costs a fraction of `T` one-token steps; a prompt chunk of more than
-//! [`WINDOW_MAX_ROWS`] rows goes to a GEMM on AVX-512 and AVX2, shorter inputs in blocks of at most 32
-//! rows whose activations stay in cache, each such a window), uses AVX-512F or AVX2 + FMA
+//! [`WINDOW_MAX_ROWS`] rows goes to a GEMM on AVX-512 and AVX2, shorter inputs in blocks of
+//! at most 32 rows whose activations stay in cache, each such a window), uses AVX-512F or AVX2 + FMA
 //! when the CPU has them (checked at run time; a portable path otherwise; the caller's
 //! [`KernelPolicy`] caps the choice, see [`KernelPolicy::isa`]) and splits the output
 //! features over all cores (process-wide: `MLX_SPEC_QMM_THREADS` or [`set_threads`]).
@@ -172,9 +172,11 @@ pub fn dense_swiglu_t(x: &Array, gate: &Array, up: &Array, policy: &KernelPolicy
 /// operations of its one-row product (verify windows, batched decode steps, short prompts:
 /// bit for bit the logits of one-token steps). Longer inputs (prompt chunks) take a GEMM in
 /// f32 precision on AVX-512 (`rows_gemm` in `qmm.cc`: ~1.6x the multiply-adds a second at 512
-/// rows) and AVX2 + FMA (`rows_gemm_avx2`: the same operations, so the same bits) whose rows
-/// round differently in the last bits, and equal each other for any longer row count. Callers that need one-token bits (batched forwards) keep products at most this
-/// long; the value is `kWindowMaxRows` of `qmm.cc`, pinned by `mlx-core/tests/cpu_quant.rs`.
+/// rows) and, for 4- and 8-bit matrices, AVX2 + FMA (`rows_gemm_avx2`: the same operations,
+/// so the same bits), whose rows round differently in the last bits and equal each other for
+/// any longer row count. Callers that need one-token bits (batched forwards) keep products
+/// at most this long; the value is `kWindowMaxRows` of `qmm.cc`, pinned by
+/// `mlx-core/tests/cpu_quant.rs`.
 pub const WINDOW_MAX_ROWS: usize = 256;
 
 /// Activation rows up to which dense products give every row its one-row bits (the dense

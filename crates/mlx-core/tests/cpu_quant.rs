@@ -277,21 +277,14 @@ fn repacked_products_are_one_fma_chain_per_output() {
             let q = &mats[0];
             let ours =
                 quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
-            let (words, s, b) = (
-                q.weight.to_vec::<u32>().unwrap(),
-                q.scales.to_vec::<f32>().unwrap(),
-                q.biases.to_vec::<f32>().unwrap(),
-            );
+            let w = dequantized_fma(q, k as usize);
             let xs = x.to_vec::<f32>().unwrap();
-            let (k, n, groups, per_word) = (k as usize, n as usize, (k / gs) as usize, 32 / bits as usize);
+            let (k, n) = (k as usize, n as usize);
             for m in 0..t as usize {
                 for f in 0..n {
                     let mut acc = 0f32;
                     for c in 0..k {
-                        let word = words[f * k / per_word + c / per_word];
-                        let code = (word >> ((c % per_word) * bits as usize)) & ((1u32 << bits) - 1);
-                        let g = f * groups + c / gs as usize;
-                        acc = (code as f32).mul_add(s[g], b[g]).mul_add(xs[m * k + c], acc);
+                        acc = w[f * k + c].mul_add(xs[m * k + c], acc);
                     }
                     assert_eq!(
                         ours[m * n + f].to_bits(),
@@ -367,17 +360,9 @@ fn prompt_chunks_are_block_fma_chains() {
         let (mats, x) = mats_and_x(spec, stored, &[n], k, t, 90 + bits as u64);
         let q = &mats[0];
         let ours = quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
-        let (words, s, b) =
-            (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
-        let (kk, per_word, groups) = (k as usize, 32 / bits as usize, (k / gs) as usize);
-        let weight = |f: usize, c: usize| {
-            let word = words[f * kk / per_word + c / per_word];
-            let code = (word >> ((c % per_word) * bits as usize)) & ((1u32 << bits) - 1);
-            let g = f * groups + c / gs as usize;
-            (code as f32).mul_add(s[g], b[g])
-        };
+        let (w, kk) = (dequantized_fma(q, k as usize), k as usize);
         let xs = x.to_vec::<f32>().unwrap();
-        let expected = chains(&xs, &weight, t as usize, n as usize, kk, bits == 4);
+        let expected = chains(&xs, &|f, c| w[f * kk + c], t as usize, n as usize, kk, bits == 4);
         compare(&ours, &expected, &format!("bits {bits} gs {gs} n {n} K {k} {stored:?}"));
     }
     let p = &KernelPolicy::all_on().with_isa(Isa::Avx512f);
@@ -390,6 +375,25 @@ fn prompt_chunks_are_block_fma_chains() {
         let expected = chains(&xs, &|f, c| ws[f * k as usize + c], t as usize, n as usize, k as usize, false);
         compare(&ours, &expected, &format!("avx512f: dense n {n} K {k}"));
     }
+}
+
+/// The weights `[n, k]` (row-major) of `q`, each `fma(code, scale, bias)` in f32 as the
+/// kernels dequantize them (MLX's affine values, one rounding).
+fn dequantized_fma(q: &quant::QuantizedMatrix, k: usize) -> Vec<f32> {
+    let (bits, gs) = (q.spec.bits as usize, q.spec.group_size as usize);
+    let (words, s, b) =
+        (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
+    let (per_word, groups, n) = (32 / bits, k / gs, s.len() / (k / gs));
+    let mut w = Vec::with_capacity(n * k);
+    for f in 0..n {
+        for c in 0..k {
+            let word = words[f * k / per_word + c / per_word];
+            let code = (word >> ((c % per_word) * bits)) & ((1u32 << bits) - 1);
+            let g = f * groups + c / gs;
+            w.push((code as f32).mul_add(s[g], b[g]));
+        }
+    }
+    w
 }
 
 /// Random matrices `[n, k]` quantized with `spec` as `stored` says, and `x [t, k]`.

@@ -257,63 +257,53 @@ struct Avx2Attn {
     }
   }
 
-  // Rows 0 and 1 (keys [j0, j1_0) and [j0, j1_1)): over the keys both see, each value row's
-  // loads serve both (Dv in quarters of up to 4 vectors a row: 8 accumulators), then the
-  // one that sees more alone. Each lane still sums its row's keys in order: values' bits.
+  // Rows 0 and 1 (keys [j0, j1_0) and [j0, j1_1)): together over the keys both see (each
+  // value row's loads serve both), then the one that sees more alone.
   static AVX2_FN void values2(const AttnProblem& p, int b, int kvh, const float* sr0, const float* sr1, int j0,
                               int j1_0, int j1_1, float* a0, float* a1, bool lead, int last) {
+    const float* sr[2] = {sr0, sr1};
+    float* a[2] = {a0, a1};
     const int both = std::min(j1_0, j1_1);
-    for (int d0 = 0; d0 < p.dv; d0 += 32) {
-      const int chunks = std::min(4, (p.dv - d0) / 8);
-      __m256 ac[2][4];
-      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
-        if (c < chunks) {
-          ac[0][c] = _mm256_loadu_ps(a0 + d0 + 8 * c);
-          ac[1][c] = _mm256_loadu_ps(a1 + d0 + 8 * c);
-        }
-      }
-      for (int j = j0; j < both; ++j) {
-        if (lead && d0 == 0 && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
-        const __m256 p0 = _mm256_set1_ps(sr0[j]), p1 = _mm256_set1_ps(sr1[j]);
-        const float* vr = p.v.row(b, kvh, j) + d0;
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
-          if (c < chunks) {
-            const __m256 v = _mm256_loadu_ps(vr + 8 * c);
-            ac[0][c] = _mm256_fmadd_ps(p0, v, ac[0][c]);
-            ac[1][c] = _mm256_fmadd_ps(p1, v, ac[1][c]);
-          }
-        }
-      }
-      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
-        if (c < chunks) {
-          _mm256_storeu_ps(a0 + d0 + 8 * c, ac[0][c]);
-          _mm256_storeu_ps(a1 + d0 + 8 * c, ac[1][c]);
-        }
-      }
-    }
-    if (both < j1_0) values(p, b, kvh, sr0, std::max(j0, both), j1_0, a0, false, last);
-    if (both < j1_1) values(p, b, kvh, sr1, std::max(j0, both), j1_1, a1, false, last);
+    values_rows<2>(p, b, kvh, sr, j0, both, a, lead, last);
+    if (both < j1_0) values(p, b, kvh, sr0, both, j1_0, a0, false, last);
+    if (both < j1_1) values(p, b, kvh, sr1, both, j1_1, a1, false, last);
   }
 
   static AVX2_FN void values(const AttnProblem& p, int b, int kvh, const float* sr, int j0, int j1, float* a, bool lead,
                              int last) {
-    for (int d0 = 0; d0 < p.dv; d0 += 64) {
-      const int chunks = std::min(8, (p.dv - d0) / 8);
-      __m256 ac[8];
-      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-        if (c < chunks) ac[c] = _mm256_loadu_ps(a + d0 + 8 * c);
-      }
+    values_rows<1>(p, b, kvh, &sr, j0, j1, &a, lead, last);
+  }
+
+  // R rows' weighted values over keys [j0, j1), Dv in passes of 8 / R vectors a row (8
+  // accumulators), each value row's loads serving all R rows. Each lane sums its row's keys
+  // in order, continuing what `a` holds: the same bits for any R and any split of the keys.
+  template <int R>
+  static AVX2_FN void values_rows(const AttnProblem& p, int b, int kvh, const float* const* sr, int j0, int j1,
+                                  float* const* a, bool lead, int last) {
+    constexpr int kChunks = 8 / R;
+    for (int d0 = 0; d0 < p.dv; d0 += 8 * kChunks) {
+      const int chunks = std::min(kChunks, (p.dv - d0) / 8);
+      __m256 ac[R][kChunks];
+      _Pragma("GCC unroll 2") for (int i = 0; i < R; ++i)
+        _Pragma("GCC unroll 8") for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) ac[i][c] = _mm256_loadu_ps(a[i] + d0 + 8 * c);
+        }
       for (int j = j0; j < j1; ++j) {
         if (lead && d0 == 0 && j + kKeyBlock < last) prefetch_rows(p.v, b, kvh, j + kKeyBlock, 1, p.dv);
-        const __m256 pj = _mm256_set1_ps(sr[j]);
         const float* vr = p.v.row(b, kvh, j) + d0;
-        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-          if (c < chunks) ac[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), ac[c]);
+        _Pragma("GCC unroll 8") for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) {
+            const __m256 v = _mm256_loadu_ps(vr + 8 * c);
+            _Pragma("GCC unroll 2") for (int i = 0; i < R; ++i) {
+              ac[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(sr[i][j]), v, ac[i][c]);
+            }
+          }
         }
       }
-      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
-        if (c < chunks) _mm256_storeu_ps(a + d0 + 8 * c, ac[c]);
-      }
+      _Pragma("GCC unroll 2") for (int i = 0; i < R; ++i)
+        _Pragma("GCC unroll 8") for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) _mm256_storeu_ps(a[i] + d0 + 8 * c, ac[i][c]);
+        }
     }
   }
 };

@@ -1349,6 +1349,11 @@ PANEL2_FN_ALWAYS __m256 panel_values8(GroupFormat format, const uint8_t* at) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// The 8 scales (`biases` false) or biases of features f .. f + 7 of panel q's group g, as f32.
+PANEL2_FN_ALWAYS __m256 panel_group8(const Panels& pn, int q, int g, int f, bool biases) {
+  return panel_values8(pn.format, (biases ? pn.group_b(q, g) : pn.group_s(q, g)) + f * pn.value_bytes());
+}
+
 // The q of features 16h + 8v .. + 7 of a panel at column kk of a quad, as floats (4 bits:
 // the quad's two 32-byte halves in `half[v]`, words 8v .. 8v + 7).
 template <int BITS>
@@ -1375,7 +1380,6 @@ PANEL2_FN_ALWAYS __m256 panel_q8(const __m256i (&half)[2], const uint8_t* quad, 
 template <int BITS, int M, int H0, int H, bool SHIFT>
 PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, float* out, size_t os) {
   static_assert(!SHIFT || BITS == 4);
-  const size_t vb = pn.value_bytes();
   __m256 acc[M][H][2];
   _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
@@ -1389,9 +1393,8 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
     __m256 sc[H][2], bi[H][2];
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
       _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-        const size_t at = (16 * (H0 + h) + 8 * v) * vb;
-        sc[h][v] = panel_values8(pn.format, pn.group_s(q, g) + at);
-        bi[h][v] = panel_values8(pn.format, pn.group_b(q, g) + at);
+        sc[h][v] = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, false);
+        bi[h][v] = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, true);
       }
     if constexpr (SHIFT) {
       _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
@@ -1525,15 +1528,14 @@ AVX2_FN void gemm_tile_avx2(const float* x, const float* panel, int depth, float
 template <int BITS>
 PANEL2_FN void gemm_pack_panels_avx2(const Panels& pn, int q, int k0, int depth, bool permute4, float* panel) {
   const uint8_t* wq = pn.panel_w(q) + static_cast<size_t>(k0 / 4) * pn.quad_bytes();
-  const size_t vb = pn.value_bytes();
   __m256 sc[2][2], bi[2][2];
   for (int i = 0; i < depth / 4; ++i, wq += pn.quad_bytes()) {
     if ((4 * i) % pn.gs == 0) {  // k0 starts a group
       const int g = (k0 + 4 * i) / pn.gs;
       for (int h = 0; h < 2; ++h)
         for (int v = 0; v < 2; ++v) {
-          sc[h][v] = panel_values8(pn.format, pn.group_s(q, g) + (16 * h + 8 * v) * vb);
-          bi[h][v] = panel_values8(pn.format, pn.group_b(q, g) + (16 * h + 8 * v) * vb);
+          sc[h][v] = panel_group8(pn, q, g, 16 * h + 8 * v, false);
+          bi[h][v] = panel_group8(pn, q, g, 16 * h + 8 * v, true);
         }
     }
     __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -2317,7 +2319,7 @@ AVX2_FN void rows_int8_avx2(const Problem& p, int n0, int n1) {
 template <int M, int H0, int H>
 PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
   const Panels& pn = *p.panels;
-  const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks()), vb = pn.value_bytes();
+  const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks());
   const int8_t* xq = p.xq + m0 * k64;
   const float* xd = p.xd + m0 * nb;
   const float* xs = p.xs + static_cast<size_t>(m0) * p.groups();
@@ -2326,7 +2328,6 @@ PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
   __m256 acc[M][H][2];
   _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
-  auto at = [vb](int h, int v) { return (16 * (H0 + h) + 8 * v) * vb; };
   for (int g = 0, b = 0; g < p.groups(); ++g) {
     for (int bg = 0; bg < p.gs / 32; ++bg, ++b) {
       __m256i dot[M][H][2];
@@ -2353,7 +2354,7 @@ PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
       }
       _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
         _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-          const __m256 sc = panel_values8(pn.format, pn.group_s(q, g) + at(h, v));
+          const __m256 sc = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, false);
           _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
             const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m][h][v], ones));
             acc[m][h][v] = _mm256_fmadd_ps(_mm256_mul_ps(sums, _mm256_set1_ps(xd[m * nb + b])), sc, acc[m][h][v]);
@@ -2362,7 +2363,7 @@ PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
     }
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
       _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-        const __m256 bi = panel_values8(pn.format, pn.group_b(q, g) + at(h, v));
+        const __m256 bi = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, true);
         _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
           acc[m][h][v] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs[static_cast<size_t>(m) * p.groups() + g]), acc[m][h][v]);
         }
@@ -2564,10 +2565,8 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   if (precision == kInt8 && level < kAvx2) return rows_int8_portable(p, n0, n1);
   thread_local std::vector<float> row;
 #ifdef MLXSYS_X86
-  if (uses_gemm(p, level, precision) && level == kAvx2) {
-    return p.bits == 4 ? rows_gemm_avx2<4>(p, n0, n1) : rows_gemm_avx2<8>(p, n0, n1);
-  }
   if (uses_gemm(p, level, precision)) {
+    if (level == kAvx2) return p.bits == 4 ? rows_gemm_avx2<4>(p, n0, n1) : rows_gemm_avx2<8>(p, n0, n1);
     if (p.xa) return p.bits == 4 ? rows_amx<4>(p, n0, n1) : rows_amx<8>(p, n0, n1);
     switch (p.bits) {
       case 4: return rows_gemm<4>(p, n0, n1);
