@@ -2377,21 +2377,122 @@ PANEL2_FN_ALWAYS void int8_panel_avx2(const Problem& p, int q, int m0) {
     }
 }
 
-// Output rows [n0, n1) (whole panels) of a 4-bit product in int8 precision on AVX2: one
+// The sum of a block's 32 activation codes (VPSADBW on the codes + 128, less 32 * 128).
+AVX2_FN_ALWAYS int32_t block_code_sum(const int8_t* xq) {
+  const __m256i biased = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)), _mm256_set1_epi8(-128));
+  const __m256i sums = _mm256_sad_epu8(biased, _mm256_setzero_si256());
+  const __m128i two = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+  return _mm_cvtsi128_si32(_mm_add_epi64(two, _mm_unpackhi_epi64(two, two))) - 32 * 128;
+}
+
+// int8 precision on AVX2 from an 8-bit matrix's repacked copy (CPUs without AVX512_VNNI, with
+// F16C). Quad i holds column 4i + c of the panel's 32 features at bytes 32c .. 32c + 31; byte
+// unpacks of columns (0, 1) and (2, 3), then word unpacks of the two, leave in each 32-bit lane
+// the 4 codes of one feature (what VPERMT2B does on AVX-512): from the low bytes (h = 0) or the
+// high ones (h = 1), t[h][0] holds features 8h + 0..3 | 16 + 8h + 0..3 and t[h][1] features
+// 8h + 4..7 | 16 + 8h + 4..7. A code c (up to 255) times an activation code a (|a| <= 127)
+// would saturate VPMADDUBSW's 16-bit pair sums, so the kernel takes c' = c - 128 (the code XOR
+// 0x80 as a signed byte) and multiplies |c'| (at most 128, unsigned) with a * sign(c')
+// (VPSIGNB): a pair sum is at most 2 * 128 * 127 = 32,512, exact, VPMADDWD with ones widens
+// the two pairs of a lane to an exact int32, and the block's dot product is
+// sum c' a + 128 * sum a (block_code_sum): exact, as VPDPBUSD's. The f32 steps are
+// int8_panel's, so the bits are those of every other int8 path. Halves [H0, H0 + H) (features
+// 8h .. 8h + 7 and 16 + 8h .. 16 + 8h + 7), rows m0 .. m0 + M - 1.
+template <int M, int H0, int H>
+PANEL2_FN_ALWAYS void int8_panel8_avx2(const Problem& p, int q, int m0) {
+  const Panels& pn = *p.panels;
+  const size_t k64 = static_cast<size_t>(p.k64()), nb = static_cast<size_t>(p.blocks());
+  const int8_t* xq = p.xq + m0 * k64;
+  const float* xd = p.xd + m0 * nb;
+  const float* xs = p.xs + static_cast<size_t>(m0) * p.groups();
+  const uint8_t* wq = pn.panel_w(q);
+  const __m256i flip = _mm256_set1_epi8(-128), ones = _mm256_set1_epi16(1);
+  __m256 acc[M][H][2];  // [h][v]: features 8 (H0 + h) + 16 v .. + 7
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
+  for (int g = 0, b = 0; g < p.groups(); ++g) {
+    for (int bg = 0; bg < p.gs / 32; ++bg, ++b) {
+      __m256i dot[M][H][2];
+      _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) dot[m][h][0] = dot[m][h][1] = _mm256_setzero_si256();
+      _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i, wq += pn.quad_bytes()) {
+        _mm_prefetch(reinterpret_cast<const char*>(wq) + kPanelPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wq) + kPanelPrefetchBytes + 64, _MM_HINT_T0);
+        __m256i c[4];
+        _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk) {
+          c[kk] = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(wq + kPanelCols * kk)), flip);
+        }
+        __m256i t[H][2], mag[H][2];
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
+          const __m256i c01 = H0 + h == 0 ? _mm256_unpacklo_epi8(c[0], c[1]) : _mm256_unpackhi_epi8(c[0], c[1]);
+          const __m256i c23 = H0 + h == 0 ? _mm256_unpacklo_epi8(c[2], c[3]) : _mm256_unpackhi_epi8(c[2], c[3]);
+          t[h][0] = _mm256_unpacklo_epi16(c01, c23);
+          t[h][1] = _mm256_unpackhi_epi16(c01, c23);
+          mag[h][0] = _mm256_abs_epi8(t[h][0]);
+          mag[h][1] = _mm256_abs_epi8(t[h][1]);
+        }
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k64 + 32 * b + 4 * i, sizeof four);
+          const __m256i xb = _mm256_set1_epi32(four);
+          _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+            _Pragma("GCC unroll 2") for (int j = 0; j < 2; ++j) {
+              const __m256i pairs = _mm256_maddubs_epi16(mag[h][j], _mm256_sign_epi8(xb, t[h][j]));
+              dot[m][h][j] = _mm256_add_epi32(dot[m][h][j], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+      }
+      _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+        const __m256i shift = _mm256_set1_epi32(128 * block_code_sum(xq + m * k64 + 32 * b));
+        const __m256 d = _mm256_set1_ps(xd[m * nb + b]);
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+          _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+            const __m256i lanes = _mm256_permute2x128_si256(dot[m][h][0], dot[m][h][1], v == 0 ? 0x20 : 0x31);
+            const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(lanes, shift));
+            const __m256 sc = panel_group8(pn, q, g, 8 * (H0 + h) + 16 * v, false);
+            acc[m][h][v] = _mm256_fmadd_ps(_mm256_mul_ps(sums, d), sc, acc[m][h][v]);
+          }
+      }
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+        const __m256 bi = panel_group8(pn, q, g, 8 * (H0 + h) + 16 * v, true);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+          acc[m][h][v] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs[static_cast<size_t>(m) * p.groups() + g]), acc[m][h][v]);
+        }
+      }
+  }
+  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+        _mm256_storeu_ps(p.out + static_cast<size_t>(m0 + m) * p.n + kPanelCols * q + 8 * (H0 + h) + 16 * v, acc[m][h][v]);
+      }
+}
+
+// Panel q of a 4- or 8-bit product in int8 precision on AVX2, halves [H0, H0 + H), rows
+// m0 .. m0 + M - 1.
+template <int BITS, int M, int H0, int H>
+PANEL2_FN_ALWAYS void int8_panel_pass_avx2(const Problem& p, int q, int m0) {
+  if constexpr (BITS == 4) int8_panel_avx2<M, H0, H>(p, q, m0);
+  else int8_panel8_avx2<M, H0, H>(p, q, m0);
+}
+
+// Output rows [n0, n1) (whole panels) of a 4- or 8-bit product in int8 precision on AVX2: one
 // activation row over the whole panel (8 accumulators, 4 of them integer), more rows two at a
 // time, a half panel at a time (16 registers).
+template <int BITS>
 PANEL2_FN void rows_int8_panels_avx2(const Problem& p, int n0, int n1) {
   for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
     if (p.m == 1) {
-      int8_panel_avx2<1, 0, 2>(p, q, 0);
+      int8_panel_pass_avx2<BITS, 1, 0, 2>(p, q, 0);
       continue;
     }
     int m0 = 0;
     for (; m0 + 2 <= p.m; m0 += 2) {
-      int8_panel_avx2<2, 0, 1>(p, q, m0);
-      int8_panel_avx2<2, 1, 1>(p, q, m0);
+      int8_panel_pass_avx2<BITS, 2, 0, 1>(p, q, m0);
+      int8_panel_pass_avx2<BITS, 2, 1, 1>(p, q, m0);
     }
-    if (m0 < p.m) int8_panel_avx2<1, 0, 2>(p, q, m0);
+    if (m0 < p.m) int8_panel_pass_avx2<BITS, 1, 0, 2>(p, q, m0);
   }
 }
 
@@ -2543,13 +2644,13 @@ bool uses_amx(const Problem& p, int level, int precision) {
 // AVX-512, in f32 precision computed on them (rows_panels) or, prompt chunks, packed from them
 // for the GEMM (gemm_pack_panels); in int8 precision with VNNI (8 bits: and VBMI), computed on
 // them (rows_int8_panels; group sizes 32, 64, 128); on AVX2 with F16C in f32 precision,
-// computed on them (rows_panels_avx2), and 4-bit ones in int8 precision without VNNI
-// (rows_int8_panels_avx2).
+// computed on them (rows_panels_avx2), and in int8 precision without VNNI
+// (rows_int8_panels_avx2; group sizes 32, 64, 128).
 bool uses_panels(const Problem& p, int level, int precision) {
 #ifdef MLXSYS_X86
   if (!panel_shape(p.bits, p.n, p.k, p.gs)) return false;
   if (precision == kInt8 && level >= kAvx2 && !int8_vector(level)) {  // rows_int8_panels_avx2
-    return p.bits == 4 && p.gs % 32 == 0 && cpu_has_f16c();
+    return p.gs % 32 == 0 && cpu_has_f16c();
   }
   if (level == kAvx2) return precision == kF32 && cpu_has_f16c();
   if (level != kAvx512) return false;
@@ -2592,7 +2693,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
   if (precision == kInt8 && !int8_vector(level)) {
-    if (p.panels) return rows_int8_panels_avx2(p, n0, n1);
+    if (p.panels) return p.bits == 4 ? rows_int8_panels_avx2<4>(p, n0, n1) : rows_int8_panels_avx2<8>(p, n0, n1);
     return p.bits == 4 ? rows_int8_avx2<4>(p, n0, n1) : rows_int8_avx2<8>(p, n0, n1);
   }
   if (precision == kInt8 && p.panels) return p.bits == 4 ? rows_int8_panels<4>(p, n0, n1) : rows_int8_panels<8>(p, n0, n1);
