@@ -248,11 +248,15 @@ fn rows_do_not_depend_on_the_window_size() {
     }
 }
 
-/// The repacked copy's arithmetic (qmm.cc, "Panel layout"; on AVX-512 and on AVX2 + FMA in
-/// f32 precision): each output is one FMA chain over K in column order, `acc = fma(w, x_k,
-/// acc)` with `w = fma(q, scale, bias)`, so its bits are those of that scalar loop whatever
-/// the instruction set and the number of rows (and AVX2 CPUs give AVX-512 ones' bits). Bit
-/// for bit against the loop, 4 and 8 bits, every group size, f32 and f16 groups, 1 to 11 rows.
+/// The repacked copy's arithmetic (qmm.cc, "Panel layout"; f32 precision), whatever the
+/// number of rows, bit for bit against scalar loops: 4 and 8 bits, every group size, f32 and
+/// f16 groups, 1 to 11 rows.
+/// - AVX-512 (`panel_chains`), MLX's own quantized dot (`qdot` of its Metal kernels): per
+///   group g one FMA chain over the group's columns from zero, `d = fma(x_k, q_k, d)` on the
+///   integer codes, then `acc = fma(d, scale_g, acc)` and `acc = fma(bias_g, xsum_g, acc)`,
+///   with `xsum_g` the group's sum of x in the int8 precision's order (`group_sum`).
+/// - AVX2 + FMA (`panel_chains_avx2`): one FMA chain over K in column order, `acc = fma(w,
+///   x_k, acc)` with `w = fma(q, scale, bias)`.
 #[test]
 fn repacked_products_are_one_fma_chain_per_output() {
     for isa in [Isa::Avx2Fma, Isa::Avx512f] {
@@ -277,25 +281,51 @@ fn repacked_products_are_one_fma_chain_per_output() {
             let q = &mats[0];
             let ours =
                 quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
+            let (codes, s, b) = codes_and_groups(q, k as usize);
             let w = dequantized_fma(q, k as usize);
             let xs = x.to_vec::<f32>().unwrap();
-            let (k, n) = (k as usize, n as usize);
+            let (k, n, gs) = (k as usize, n as usize, gs as usize);
             for m in 0..t as usize {
+                let xr = &xs[m * k..(m + 1) * k];
                 for f in 0..n {
                     let mut acc = 0f32;
-                    for c in 0..k {
-                        acc = w[f * k + c].mul_add(xs[m * k + c], acc);
+                    if matches!(isa, Isa::Avx512f) {
+                        for g in 0..k / gs {
+                            let mut d = 0f32;
+                            for c in g * gs..(g + 1) * gs {
+                                d = xr[c].mul_add(codes[f * k + c], d);
+                            }
+                            let (scale, bias) = (s[f * (k / gs) + g], b[f * (k / gs) + g]);
+                            acc = d.mul_add(scale, acc);
+                            acc = bias.mul_add(group_sum(&xr[g * gs..(g + 1) * gs]), acc);
+                        }
+                    } else {
+                        for c in 0..k {
+                            acc = w[f * k + c].mul_add(xr[c], acc);
+                        }
                     }
                     assert_eq!(
                         ours[m * n + f].to_bits(),
                         acc.to_bits(),
-                        "{isa}: bits {bits} gs {gs} {stored:?} t {t}: row {m} feature {f}: {} against the chain's {acc}",
+                        "{isa}: bits {bits} gs {gs} {stored:?} t {t}: row {m} feature {f}: {} against the loop's {acc}",
                         ours[m * n + f]
                     );
                 }
             }
         }
     }
+}
+
+/// qmm.cc's `group_sum`: element i into lane i % 16 in order, then the lanes reduced i + 8,
+/// i + 4, i + 2, i + 1.
+fn group_sum(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for (i, v) in x.iter().enumerate() {
+        lanes[i % 16] += v;
+    }
+    let s: Vec<f32> = (0..8).map(|i| lanes[i] + lanes[i + 8]).collect();
+    let t: Vec<f32> = (0..4).map(|i| s[i] + s[i + 4]).collect();
+    (t[0] + t[2]) + (t[1] + t[3])
 }
 
 /// The prompt GEMM's arithmetic (qmm.cc, `rows_gemm` and `rows_gemm_avx2`; products of more
@@ -379,6 +409,18 @@ fn prompt_chunks_are_block_fma_chains() {
 
 /// The weights `[n, k]` (row-major) of `q`, each `fma(code, scale, bias)` in f32 as the
 /// kernels dequantize them (MLX's affine values, one rounding).
+/// The codes of `q` as floats `[n, k]`, its scales and biases `[n, k / gs]`.
+fn codes_and_groups(q: &quant::QuantizedMatrix, k: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let bits = q.spec.bits as usize;
+    let words = q.weight.to_vec::<u32>().unwrap();
+    let per_word = 32 / bits;
+    let codes = (0..words.len() * per_word)
+        .map(|i| ((words[i / per_word] >> ((i % per_word) * bits)) & ((1u32 << bits) - 1)) as f32)
+        .collect::<Vec<_>>();
+    assert_eq!(codes.len() % k, 0);
+    (codes, q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap())
+}
+
 fn dequantized_fma(q: &quant::QuantizedMatrix, k: usize) -> Vec<f32> {
     let (bits, gs) = (q.spec.bits as usize, q.spec.group_size as usize);
     let (words, s, b) =

@@ -10,9 +10,10 @@
 //     fraction of T one-token steps; prompt chunks go in blocks of at most 32 rows, each a
 //     window (`run_rows`);
 //   - in f32 precision repacks a matrix of whole panels of 32 features once (PanelCache) and
-//     computes it in the broadcast form, one FMA chain over K per output: on AVX-512 32
-//     features per vector (rows_panels), on AVX2 + FMA + F16C 8 (rows_panels_avx2), the same
-//     bits (prompt chunks of more than 256 rows take the GEMM, whose panels are then packed
+//     computes it in the broadcast form: on AVX-512 32 features per vector, per output one
+//     FMA chain over each scale group's codes and MLX's per-group affine terms (rows_panels),
+//     on AVX2 + FMA + F16C 8, one FMA chain over K of the dequantized weights
+//     (rows_panels_avx2) (prompt chunks of more than 256 rows take the GEMM, whose panels are then packed
 //     from the copy: rows_gemm on AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16
 //     the tile unit's products, rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
@@ -104,8 +105,9 @@ struct Problem {
   // chunk pairs (4 bits: `permute_x4`'s), row stride K (`prepare_bf16`).
   const uint16_t* xb = nullptr;
   // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32, row stride
-  // k64() bytes (zeros past K); each block's scale d (row stride blocks(), zeros past K); the
-  // f32 sum of each scale group of x (row stride groups()).
+  // k64() bytes (zeros past K); each block's scale d (row stride blocks(), zeros past K).
+  // int8 precision and f32 products on AVX-512 panels (rows_panels): the f32 sum of each
+  // scale group of x (`group_sum`), row stride groups().
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
@@ -142,8 +144,8 @@ struct Problem {
     if (xq) {
       q.xq = xq + static_cast<size_t>(m0) * k64();
       q.xd = xd + static_cast<size_t>(m0) * blocks();
-      q.xs = xs + static_cast<size_t>(m0) * groups();
     }
+    if (xs) q.xs = xs + static_cast<size_t>(m0) * groups();
     return q;
   }
   // Packed words, scales and biases of weight row n.
@@ -175,9 +177,9 @@ T* aligned64(std::vector<T>& buf, size_t n) {
 //      stored in f16 or bf16, which load to f32 as MLX's 4-bit SmolLM2 and Qwen2.5 do: the
 //      same values; a one-token step reads 17% fewer bytes at 4 bits and group size 32), else as f32
 //      (`GroupFormat`; panel_group turns a group back into f32).
-// 16 weights of one column then take one shift and one permute (8 bits: one widening load
-// and one conversion) and one FMA (the affine dequantization, the same values as MLX's), and
-// each is multiplied with one broadcast activation: no horizontal reduction, and the
+// 16 codes of one column then take one shift and one permute (8 bits: one widening load
+// and one conversion), and each is multiplied with one broadcast activation (the scales and
+// biases apply per group, rows_panels): no horizontal reduction, and the
 // weights of consecutive columns are consecutive in memory (one long stream per panel where
 // the row kernels read 2 rows of K * bits / 8 bytes). Built once per matrix from MLX's rows
 // (build_panels) and kept with the matrix's data (PanelCache).
@@ -1188,16 +1190,23 @@ AVX512_FN void rows_gemm(const Problem& p, int n0, int n1) {
 // ---------------------------------------------------------------------------------------
 // Products on the panel layout (f32 precision, AVX-512F, 4- and 8-bit matrices with panels,
 // at most kWindowMaxRows rows: one-token steps, verify windows, batched steps, short
-// prompts). Per output element one sequential FMA chain over k = 0 .. K - 1 from zero,
-//   acc = fma(x[m, k], scale * q + bias, acc),
-// whatever M: a row has the same bits in any window. The broadcast form of the prompt GEMM's
-// micro-kernel, with the weights dequantized in registers from the panel instead of a packed
-// f32 copy: per column the 32 weights of a panel cost two shifts and two permutes (8 bits:
-// two widening loads and two conversions) and two FMAs, and each activation row two FMAs on
-// one broadcast (a tile of up to 12 rows keeps 24 accumulators). One-token steps run 4
-// panels at a time (8 independent chains). `qmm_profile`, two cores, 11 rows: SmolLM2's
+// prompts). MLX's own quantized dot (`qdot` in its Metal kernels): per output element and
+// scale group g, in order, one sequential FMA chain over the group's columns from zero on
+// the integer codes, then the group's affine terms,
+//   d   = fma(x[m, k], q[n, k], d)            k in g, in order, d from 0
+//   acc = fma(d, scale_g, acc);  acc = fma(bias_g, xsum[m, g], acc)     acc from 0
+// with xsum the group's f32 sum of x (`group_sum`, Problem::xs), whatever M: a row has the
+// same bits in any window. The broadcast form of the prompt GEMM's micro-kernel on the codes
+// in registers: per column the 32 codes of a panel cost two shifts and two permutes (8 bits:
+// two widening loads and two conversions), and each activation row two FMAs on one broadcast
+// (a tile of up to 12 rows keeps 24 chains); the affine FMA per weight of the earlier
+// `acc = fma(x, scale * q + bias, acc)` is gone (2026-12-07, `docs/measurements/
+// 2026-12-07-zen4/`: one-row products 1.1-1.3x, windows of 2-4 rows 1.2x). One-token steps
+// run one panel at a time: on a Zen 4 a step that read 4 panels' streams at once (and their
+// scales' and biases') drew ~27 GB/s from memory, one panel's ~34 (the LM head 5.5 -> 4.3
+// ms; Qwen2.5-1.5B's step 1.2x). `qmm_profile`, two cores, 11 rows, before: SmolLM2's
 // 576 x 1536 119-122 G multiply-adds a second (the row kernels 82), Qwen2.5-1.5B's
-// 8960 x 1536 151-173 (102-103); one row 1.1-1.2x (`docs/measurements/2026-12-05-panels/`).
+// 8960 x 1536 151-173 (102-103) (`docs/measurements/2026-12-05-panels/`).
 
 // Prefetch distance of a panel's weight stream.
 constexpr int kPanelPrefetchBytes = 1024;
@@ -1211,57 +1220,67 @@ AVX512_FN_ALWAYS __m512 fma_broadcast(const float* x, __m512 w, __m512 acc) {
   return acc;
 }
 
-// out[m, 32 (q0 + p) + j] for p < P, m < M: the chains of P panels from q0 for M activation
-// rows, the activation of row m at column k0 + c at x_at(k0)[XS * c + m] (k0 a multiple of
-// kGemmDepth).
-template <int BITS, int P, int M, int XS, class XAt>
-AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, XAt x_at, float* out, size_t os) {
-  const int quads = pn.gs / 4;
-  __m512 acc[P][M][2];
-  _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
-    _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) acc[p][m][0] = acc[p][m][1] = _mm512_setzero_ps();
+// out[m, 32 (q0 + p) + j] for p < P, m < M: the sums of P panels from q0 for M activation
+// rows, the activation of row m at column c at x[XS * c + m], the group sums of row m's x
+// at xs + m * xs_stride (Problem::xs). Per group the dot of the
+// codes with x is one FMA chain in registers; the output's accumulator (in L1: 2 P M vectors
+// would not fit the registers beside the chains for M > 2) takes it at the group's end.
+template <int BITS, int P, int M, int XS>
+AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, const float* x, const float* xs, size_t xs_stride,
+                                   float* out, size_t os) {
+  const int quads = pn.gs / 4, groups = pn.k / pn.gs;
+  alignas(64) float acc[P][M][kPanelCols] = {};
   const uint8_t* wp[P];
   _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) wp[p] = pn.panel_w(q0 + p);
   alignas(64) float sb[P][4][16];
-  for (int k0 = 0; k0 < pn.k; k0 += kGemmDepth) {
-    const float* xp = x_at(k0);
-    const int g_end = std::min(pn.k, k0 + kGemmDepth) / pn.gs;
-    for (int g = k0 / pn.gs; g < g_end; ++g) {
-      _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) panel_group(pn, q0 + p, g, sb[p]);
-      for (int i = 0; i < quads; ++i, xp += 4 * XS) {
-        __m512i v[P];
-        _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
-          v[p] = BITS == 4 ? _mm512_load_si512(wp[p]) : _mm512_setzero_si512();
-          _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
-            _mm_prefetch(reinterpret_cast<const char*>(wp[p]) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
-          }
+  for (int g = 0; g < groups; ++g) {
+    const float* xp = x + static_cast<size_t>(XS) * g * pn.gs;
+    __m512 dot[P][M][2];
+    _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
+      _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) dot[p][m][0] = dot[p][m][1] = _mm512_setzero_ps();
+    for (int i = 0; i < quads; ++i, xp += 4 * XS) {
+      __m512i v[P];
+      _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+        v[p] = BITS == 4 ? _mm512_load_si512(wp[p]) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp[p]) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
         }
-        _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
-          _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
-            _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
-              const __m512 w = panel_weights<BITS>(v[p], wp[p], kk, h, _mm512_load_ps(sb[p][h]), _mm512_load_ps(sb[p][2 + h]));
-              _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
-                acc[p][m][h] = fma_broadcast(xp + XS * kk + m, w, acc[p][m][h]);
-              }
-            }
-        _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) wp[p] += 16 * BITS;
       }
+      _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+          _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+            const __m512 q = panel_q<BITS>(v[p], wp[p], kk, h);
+            _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
+              dot[p][m][h] = fma_broadcast(xp + XS * kk + m, q, dot[p][m][h]);
+            }
+          }
+      _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) wp[p] += 16 * BITS;
+    }
+    _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p) {
+      panel_group(pn, q0 + p, g, sb[p]);
+      _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m)
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+          __m512 a = _mm512_fmadd_ps(dot[p][m][h], _mm512_load_ps(sb[p][h]), _mm512_load_ps(acc[p][m] + 16 * h));
+          a = _mm512_fmadd_ps(_mm512_load_ps(sb[p][2 + h]), _mm512_set1_ps(xs[m * xs_stride + g]), a);
+          _mm512_store_ps(acc[p][m] + 16 * h, a);
+        }
     }
   }
   _Pragma("GCC unroll 4") for (int p = 0; p < P; ++p)
     _Pragma("GCC unroll 12") for (int m = 0; m < M; ++m) {
       float* o = out + m * os + kPanelCols * p;
-      _mm512_storeu_ps(o, acc[p][m][0]);
-      _mm512_storeu_ps(o + 16, acc[p][m][1]);
+      _mm512_storeu_ps(o, _mm512_load_ps(acc[p][m]));
+      _mm512_storeu_ps(o + 16, _mm512_load_ps(acc[p][m] + 16));
     }
 }
 
-// Panels [q, q1) for the tile of M rows whose activations x_at gives, P at a time (the rest
-// one by one).
-template <int BITS, int P, int M, int XS, class XAt>
-AVX512_FN void panel_run(const Panels& pn, int q, int q1, XAt x_at, float* out, size_t os) {
-  for (; q + P <= q1; q += P) panel_chains<BITS, P, M, XS>(pn, q, x_at, out + kPanelCols * q, os);
-  for (; q < q1; ++q) panel_chains<BITS, 1, M, XS>(pn, q, x_at, out + kPanelCols * q, os);
+// Panels [q, q1) for a tile of M rows (x, xs and their strides as panel_chains takes them),
+// P at a time (the rest one by one).
+template <int BITS, int P, int M, int XS>
+AVX512_FN void panel_run(const Panels& pn, int q, int q1, const float* x, const float* xs, size_t xs_stride, float* out,
+                         size_t os) {
+  for (; q + P <= q1; q += P) panel_chains<BITS, P, M, XS>(pn, q, x, xs, xs_stride, out + kPanelCols * q, os);
+  for (; q < q1; ++q) panel_chains<BITS, 1, M, XS>(pn, q, x, xs, xs_stride, out + kPanelCols * q, os);
 }
 
 // x [M, K] (K a multiple of 16) -> Problem::xp: per block of kPanelXRows rows (at
@@ -1306,7 +1325,8 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
   const Panels& pn = *p.panels;
   const size_t os = static_cast<size_t>(p.n);
   const int q0 = n0 / kPanelCols, q1 = n1 / kPanelCols;
-  if (p.m == 1) return panel_run<BITS, 4, 1, 1>(pn, q0, q1, [&](int k0) { return p.x + k0; }, p.out, os);
+  const size_t groups = static_cast<size_t>(p.groups());
+  if (p.m == 1) return panel_run<BITS, 1, 1, 1>(pn, q0, q1, p.x, p.xs, groups, p.out, os);
   // Blocks of kPanelBlock panels, each applied to every tile while its weights are in L2 (a
   // tile-outer loop reads a thread's panels from memory once per tile).
   for (int qb = q0; qb < q1; qb += kPanelBlock) {
@@ -1316,10 +1336,10 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
       const auto [tiles, per] = balanced(rows, kGemmRows);
       for (int t0 = 0; t0 < rows; t0 += per) {
         const float* xb = p.xp + static_cast<size_t>(r0) * p.k + t0;
-        auto x_at = [&](int k0) { return xb + static_cast<size_t>(kPanelXRows) * k0; };
+        const float* xs = p.xs + (r0 + t0) * groups;
         with_count<kGemmRows>(std::min(per, rows - t0), [&](auto tile) {
           constexpr int M = decltype(tile)::value;
-          panel_run<BITS, (M <= 4 ? 2 : 1), M, kPanelXRows>(pn, qb, qe, x_at, p.out + (r0 + t0) * os, os);
+          panel_run<BITS, (M <= 4 ? 2 : 1), M, kPanelXRows>(pn, qb, qe, xb, xs, groups, p.out + (r0 + t0) * os, os);
         });
       }
     }
@@ -1327,10 +1347,11 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
 }
 
 // ---------------------------------------------------------------------------------------
-// AVX2 + FMA on the panels (CPUs without AVX-512): rows_panels' arithmetic, 8 features a
-// vector. Each output is one FMA chain over K in column order, acc = fma(w, x_k, acc), with
-// w = fma(q, scale_g, bias_g): the same operations as panel_chains, so an AVX2 CPU gives the
-// bits of an AVX-512 one (and of one-token steps for every window size). The scales and
+// AVX2 + FMA on the panels (CPUs without AVX-512), 8 features a vector. Each output is one
+// FMA chain over K in column order, acc = fma(w, x_k, acc), with w = fma(q, scale_g,
+// bias_g): the arithmetic AVX-512's panel_chains had until 2026-12-07 (it now takes MLX's
+// per-group form, so the two round differently in the last bits); a row has one-token bits
+// for every window size. The scales and
 // biases of 16-bit panel copies convert with F16C (every AVX2 CPU has it; uses_panels checks).
 #define PANEL2_FN __attribute__((target("avx2,fma,f16c"))) inline
 #define PANEL2_FN_ALWAYS __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -2845,6 +2866,15 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     float* aligned = aligned64(xg, gemm_padded_rows(p0.m) * p0.k);
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
+  }
+  if (panels && windows && level == kAvx512) {  // rows_panels' group sums (Problem::xs)
+    thread_local std::vector<float> xs;
+    xs.resize(static_cast<size_t>(p0.m) * p0.groups());
+    for (int r = 0; r < p0.m; ++r) {
+      const float* xr = p0.x + static_cast<size_t>(r) * p0.k;
+      for (int g = 0; g < p0.groups(); ++g) xs[static_cast<size_t>(r) * p0.groups() + g] = group_sum_avx512(xr + g * p0.gs, p0.gs);
+    }
+    for (auto& p : ps) p.xs = xs.data();
   }
   if (panels && windows && level == kAvx512 && p0.m > 1) {  // rows_panels' copy (Problem::xp)
     thread_local std::vector<float> xp;
