@@ -13,8 +13,8 @@
 //     computes it in the broadcast form: on AVX-512 32 features per vector, per output one
 //     FMA chain over each scale group's codes and MLX's per-group affine terms (rows_panels),
 //     on AVX2 + FMA + F16C 8, one FMA chain over K of the dequantized weights
-//     (rows_panels_avx2) (prompt chunks of more than 256 rows take the GEMM, whose panels are then packed
-//     from the copy: rows_gemm on AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16
+//     (rows_panels_avx2) (prompt chunks of more than 256 rows take the GEMM, whose panels
+//     are then packed from the copy: rows_gemm on AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16
 //     the tile unit's products, rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
 //     register group of rows is one pointer);
@@ -1222,9 +1222,9 @@ AVX512_FN_ALWAYS __m512 fma_broadcast(const float* x, __m512 w, __m512 acc) {
 
 // out[m, 32 (q0 + p) + j] for p < P, m < M: the sums of P panels from q0 for M activation
 // rows, the activation of row m at column c at x[XS * c + m], the group sums of row m's x
-// at xs + m * xs_stride (Problem::xs). Per group the dot of the
-// codes with x is one FMA chain in registers; the output's accumulator (in L1: 2 P M vectors
-// would not fit the registers beside the chains for M > 2) takes it at the group's end.
+// at xs + m * xs_stride (Problem::xs). Per group the dot of the codes with x is one FMA
+// chain in registers; the output's accumulator (in L1: 2 P M more vectors would not fit the
+// registers beside the chains of a wide tile) takes it at the group's end.
 template <int BITS, int P, int M, int XS>
 AVX512_FN_ALWAYS void panel_chains(const Panels& pn, int q0, const float* x, const float* xs, size_t xs_stride,
                                    float* out, size_t os) {
@@ -1350,9 +1350,10 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
 // AVX2 + FMA on the panels (CPUs without AVX-512), 8 features a vector. Each output is one
 // FMA chain over K in column order, acc = fma(w, x_k, acc), with w = fma(q, scale_g,
 // bias_g): the arithmetic AVX-512's panel_chains had until 2026-12-07 (it now takes MLX's
-// per-group form, so the two round differently in the last bits); a row has one-token bits
-// for every window size. The scales and
-// biases of 16-bit panel copies convert with F16C (every AVX2 CPU has it; uses_panels checks).
+// per-group form, so the two round differently in the last bits; the 4-bit codes kept in
+// place below, c 2^t with t per column, would not sum in one chain per group); a row has
+// one-token bits for every window size. The scales and biases of 16-bit panel copies convert
+// with F16C (every AVX2 CPU has it; uses_panels checks).
 #define PANEL2_FN __attribute__((target("avx2,fma,f16c"))) inline
 #define PANEL2_FN_ALWAYS __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
@@ -2869,10 +2870,12 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   }
   if (panels && windows && level == kAvx512) {  // rows_panels' group sums (Problem::xs)
     thread_local std::vector<float> xs;
-    xs.resize(static_cast<size_t>(p0.m) * p0.groups());
+    const int groups = p0.groups();
+    xs.resize(static_cast<size_t>(p0.m) * groups);
     for (int r = 0; r < p0.m; ++r) {
       const float* xr = p0.x + static_cast<size_t>(r) * p0.k;
-      for (int g = 0; g < p0.groups(); ++g) xs[static_cast<size_t>(r) * p0.groups() + g] = group_sum_avx512(xr + g * p0.gs, p0.gs);
+      float* sums = xs.data() + static_cast<size_t>(r) * groups;
+      for (int g = 0; g < groups; ++g) sums[g] = group_sum_avx512(xr + g * p0.gs, p0.gs);
     }
     for (auto& p : ps) p.xs = xs.data();
   }
