@@ -407,9 +407,7 @@ fn prompt_chunks_are_block_fma_chains() {
     }
 }
 
-/// The weights `[n, k]` (row-major) of `q`, each `fma(code, scale, bias)` in f32 as the
-/// kernels dequantize them (MLX's affine values, one rounding).
-/// The codes of `q` as floats `[n, k]`, its scales and biases `[n, k / gs]`.
+/// The codes of `q` as floats `[n, k]` (row-major), its scales and biases `[n, k / gs]`.
 fn codes_and_groups(q: &quant::QuantizedMatrix, k: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let bits = q.spec.bits as usize;
     let words = q.weight.to_vec::<u32>().unwrap();
@@ -421,21 +419,14 @@ fn codes_and_groups(q: &quant::QuantizedMatrix, k: usize) -> (Vec<f32>, Vec<f32>
     (codes, q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap())
 }
 
+/// The weights `[n, k]` (row-major) of `q`, each `fma(code, scale, bias)` in f32 as the
+/// kernels dequantize them (MLX's affine values, one rounding).
 fn dequantized_fma(q: &quant::QuantizedMatrix, k: usize) -> Vec<f32> {
-    let (bits, gs) = (q.spec.bits as usize, q.spec.group_size as usize);
-    let (words, s, b) =
-        (q.weight.to_vec::<u32>().unwrap(), q.scales.to_vec::<f32>().unwrap(), q.biases.to_vec::<f32>().unwrap());
-    let (per_word, groups, n) = (32 / bits, k / gs, s.len() / (k / gs));
-    let mut w = Vec::with_capacity(n * k);
-    for f in 0..n {
-        for c in 0..k {
-            let word = words[f * k / per_word + c / per_word];
-            let code = (word >> ((c % per_word) * bits)) & ((1u32 << bits) - 1);
-            let g = f * groups + c / gs;
-            w.push((code as f32).mul_add(s[g], b[g]));
-        }
-    }
-    w
+    let gs = q.spec.group_size as usize;
+    let (codes, s, b) = codes_and_groups(q, k);
+    let groups = k / gs;
+    let group = |i: usize| i / k * groups + i % k / gs;
+    codes.iter().enumerate().map(|(i, c)| c.mul_add(s[group(i)], b[group(i)])).collect()
 }
 
 /// Random matrices `[n, k]` quantized with `spec` as `stored` says, and `x [t, k]`.

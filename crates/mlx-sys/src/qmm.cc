@@ -2142,10 +2142,27 @@ AVX512_FN float group_sum_avx512(const float* x, int gs) {
 }
 #endif
 
+// Row r of p's x -> its scale groups' sums, Problem::xs (see there) at xs + r * groups().
+// Every instruction set gives the same bits.
+void group_sums_row(const Problem& p, int r, bool vector, float* xs) {
+  const float* xr = p.x + static_cast<size_t>(r) * p.k;
+  float* sums = xs + static_cast<size_t>(r) * p.groups();
+  for (int g = 0; g < p.groups(); ++g) {
+#ifdef MLXSYS_X86
+    if (vector) {
+      sums[g] = group_sum_avx512(xr + g * p.gs, p.gs);
+      continue;
+    }
+#endif
+    sums[g] = group_sum(xr + g * p.gs, p.gs);
+  }
+  (void)vector;
+}
+
 // Row r of p's x -> its Problem::xq / xd / xs (see there; codes and scales past K zero).
 // Every instruction set gives the same bits.
 void prepare_int8_row(const Problem& p, int r, bool vector, int8_t* xq, float* xd, float* xs) {
-  const int blocks = p.k / 32, groups = p.groups();
+  const int blocks = p.k / 32;
   const float* xr = p.x + static_cast<size_t>(r) * p.k;
   int8_t* qr = xq + static_cast<size_t>(r) * p.k64();
   float* dr = xd + static_cast<size_t>(r) * p.blocks();
@@ -2160,17 +2177,7 @@ void prepare_int8_row(const Problem& p, int r, bool vector, int8_t* xq, float* x
 #endif
     dr[b] = quantize_block(xr + 32 * b, qr + 32 * b);
   }
-  for (int g = 0; g < groups; ++g) {
-    float sum;
-#ifdef MLXSYS_X86
-    if (vector) {
-      sum = group_sum_avx512(xr + g * p.gs, p.gs);
-    } else
-#endif
-      sum = group_sum(xr + g * p.gs, p.gs);
-    xs[static_cast<size_t>(r) * groups + g] = sum;
-  }
-  (void)vector;
+  group_sums_row(p, r, vector, xs);
 }
 
 // The f32 step of one block (the definition above), shared by the row kernels (the panel
@@ -2870,13 +2877,8 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
   }
   if (panels && windows && level == kAvx512) {  // rows_panels' group sums (Problem::xs)
     thread_local std::vector<float> xs;
-    const int groups = p0.groups();
-    xs.resize(static_cast<size_t>(p0.m) * groups);
-    for (int r = 0; r < p0.m; ++r) {
-      const float* xr = p0.x + static_cast<size_t>(r) * p0.k;
-      float* sums = xs.data() + static_cast<size_t>(r) * groups;
-      for (int g = 0; g < groups; ++g) sums[g] = group_sum_avx512(xr + g * p0.gs, p0.gs);
-    }
+    xs.resize(static_cast<size_t>(p0.m) * p0.groups());
+    for (int r = 0; r < p0.m; ++r) group_sums_row(p0, r, true, xs.data());
     for (auto& p : ps) p.xs = xs.data();
   }
   if (panels && windows && level == kAvx512 && p0.m > 1) {  // rows_panels' copy (Problem::xp)
