@@ -35,7 +35,7 @@ enum Stored {
     F16,
     F16Tiny,
     Bf16Large,
-    /// Scales below 2^-100 (f32): products whose scales cannot be rescaled by 2^-24 exactly.
+    /// Scales below 2^-100 (f32).
     F32Minute,
 }
 
@@ -249,14 +249,14 @@ fn rows_do_not_depend_on_the_window_size() {
 }
 
 /// The repacked copy's arithmetic (qmm.cc, "Panel layout"; f32 precision), whatever the
-/// number of rows, bit for bit against scalar loops: 4 and 8 bits, every group size, f32 and
-/// f16 groups, 1 to 11 rows.
-/// - AVX-512 (`panel_chains`), MLX's own quantized dot (`qdot` of its Metal kernels): per
-///   group g one FMA chain over the group's columns from zero, `d = fma(x_k, q_k, d)` on the
-///   integer codes, then `acc = fma(d, scale_g, acc)` and `acc = fma(bias_g, xsum_g, acc)`,
-///   with `xsum_g` the group's sum of x in the int8 precision's order (`group_sum`).
-/// - AVX2 + FMA (`panel_chains_avx2`): one FMA chain over K in column order, `acc = fma(w,
-///   x_k, acc)` with `w = fma(q, scale, bias)`.
+/// number of rows and the instruction set, bit for bit against one scalar loop: 4 and 8 bits,
+/// every group size, f32 and f16 groups, 1 to 11 rows. MLX's own quantized dot (`qdot` of its
+/// Metal kernels) on AVX-512 (`panel_chains`) and AVX2 + FMA (`panel_chains_avx2`): per group
+/// g one FMA chain over the group's columns from zero, `d = fma(x_k, q_k, d)` on the integer
+/// codes, then `acc = fma(d, scale_g, acc)` and `acc = fma(bias_g, xsum_g, acc)`, with
+/// `xsum_g` the group's sum of x in the int8 precision's order (`group_sum`). Activations
+/// below 2^-102 in magnitude (`x_factor` 1e-33) take AVX2's 4-bit form without rescaled
+/// activations (`shift_exact`); minute scales (`Stored::F32Minute`) are exact in both.
 #[test]
 fn repacked_products_are_one_fma_chain_per_output() {
     for isa in [Isa::Avx2Fma, Isa::Avx512f] {
@@ -265,49 +265,47 @@ fn repacked_products_are_one_fma_chain_per_output() {
             eprintln!("{isa}: not on this CPU (in use: {})", p.isa());
             continue;
         }
-        for (bits, gs, stored, t) in [
-            (4, 32, Stored::F16, 1),
-            (4, 64, Stored::F32, 3),
-            (8, 32, Stored::F16, 4),
-            (8, 128, Stored::F32, 11),
-            (4, 128, Stored::Bf16Large, 11),
-            (8, 64, Stored::F16Tiny, 2),
-            (4, 32, Stored::F32Minute, 1),
-            (4, 64, Stored::F32Minute, 4),
+        for (bits, gs, stored, t, x_factor) in [
+            (4, 32, Stored::F16, 1, 1.0),
+            (4, 64, Stored::F32, 3, 1.0),
+            (8, 32, Stored::F16, 4, 1.0),
+            (8, 128, Stored::F32, 11, 1.0),
+            (4, 128, Stored::Bf16Large, 11, 1.0),
+            (8, 64, Stored::F16Tiny, 2, 1.0),
+            (4, 32, Stored::F32Minute, 1, 1.0),
+            (4, 64, Stored::F32Minute, 4, 1.0),
+            (4, 32, Stored::F32, 1, 1e-33),
+            (4, 64, Stored::F16, 4, 1e-33),
+            (4, 128, Stored::Bf16Large, 11, 1e-33),
         ] {
             let (n, k) = (64, 384);
             let spec = QuantSpec::new(gs, bits).unwrap();
             let (mats, x) = mats_and_x(spec, stored, &[n], k, t, 70 + bits as u64);
+            let x = x.multiply(&Array::scalar(x_factor)).unwrap();
             let q = &mats[0];
             let ours =
                 quantized_matmul_t(&x, &q.weight, &q.scales, &q.biases, spec, p).unwrap().to_vec::<f32>().unwrap();
             let (codes, s, b) = codes_and_groups(q, k as usize);
-            let w = dequantized_fma(q, k as usize);
             let xs = x.to_vec::<f32>().unwrap();
             let (k, n, gs) = (k as usize, n as usize, gs as usize);
             for m in 0..t as usize {
                 let xr = &xs[m * k..(m + 1) * k];
                 for f in 0..n {
                     let mut acc = 0f32;
-                    if matches!(isa, Isa::Avx512f) {
-                        for g in 0..k / gs {
-                            let mut d = 0f32;
-                            for c in g * gs..(g + 1) * gs {
-                                d = xr[c].mul_add(codes[f * k + c], d);
-                            }
-                            let (scale, bias) = (s[f * (k / gs) + g], b[f * (k / gs) + g]);
-                            acc = d.mul_add(scale, acc);
-                            acc = bias.mul_add(group_sum(&xr[g * gs..(g + 1) * gs]), acc);
+                    for g in 0..k / gs {
+                        let mut d = 0f32;
+                        for c in g * gs..(g + 1) * gs {
+                            d = xr[c].mul_add(codes[f * k + c], d);
                         }
-                    } else {
-                        for c in 0..k {
-                            acc = w[f * k + c].mul_add(xr[c], acc);
-                        }
+                        let (scale, bias) = (s[f * (k / gs) + g], b[f * (k / gs) + g]);
+                        acc = d.mul_add(scale, acc);
+                        acc = bias.mul_add(group_sum(&xr[g * gs..(g + 1) * gs]), acc);
                     }
                     assert_eq!(
                         ours[m * n + f].to_bits(),
                         acc.to_bits(),
-                        "{isa}: bits {bits} gs {gs} {stored:?} t {t}: row {m} feature {f}: {} against the loop's {acc}",
+                        "{isa}: bits {bits} gs {gs} {stored:?} t {t} x * {x_factor}: row {m} feature {f}: {} against \
+                         the loop's {acc}",
                         ours[m * n + f]
                     );
                 }

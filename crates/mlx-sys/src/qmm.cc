@@ -10,12 +10,12 @@
 //     fraction of T one-token steps; prompt chunks go in blocks of at most 32 rows, each a
 //     window (`run_rows`);
 //   - in f32 precision repacks a matrix of whole panels of 32 features once (PanelCache) and
-//     computes it in the broadcast form: on AVX-512 32 features per vector, per output one
-//     FMA chain over each scale group's codes and MLX's per-group affine terms (rows_panels),
-//     on AVX2 + FMA + F16C 8, one FMA chain over K of the dequantized weights
-//     (rows_panels_avx2) (prompt chunks of more than 256 rows take the GEMM, whose panels
-//     are then packed from the copy: rows_gemm on AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16
-//     the tile unit's products, rows_amx); the row kernels below serve the rest;
+//     computes it in the broadcast form: per output one FMA chain over each scale group's
+//     codes and MLX's per-group affine terms, 32 features per vector on AVX-512 (rows_panels)
+//     and 8 on AVX2 + FMA + F16C (rows_panels_avx2), the same bits (prompt chunks of more
+//     than 256 rows take the GEMM, whose panels are then packed from the copy: rows_gemm on
+//     AVX-512, rows_gemm_avx2 on AVX2, or on CPUs with AMX-BF16 the tile unit's products,
+//     rows_amx); the row kernels below serve the rest;
 //   - reads x from a 64-byte aligned copy (on AVX-512 interleaved by 32-column block, so a
 //     register group of rows is one pointer);
 //   - gives bit-identical results for a row whatever the number of rows T (see below), so
@@ -106,11 +106,14 @@ struct Problem {
   const uint16_t* xb = nullptr;
   // int8 precision only (`prepare_int8_row`): x quantized to int8 per block of 32, row stride
   // k64() bytes (zeros past K); each block's scale d (row stride blocks(), zeros past K).
-  // int8 precision and f32 products on AVX-512 panels (rows_panels): the f32 sum of each
+  // int8 precision and f32 products on panels (rows_panels, rows_panels_avx2): the f32 sum of each
   // scale group of x (`group_sum`), row stride groups().
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   const float* xs = nullptr;
+  // f32 products of 4-bit matrices on AVX2 panels (rows_panels_avx2), where exact
+  // (shift_exact): x times 2^-t for each half of a lane (shift_x_row), row stride 2K.
+  const float* xt = nullptr;
   // Prompt chunks on the GEMM (rows_gemm, rows_gemm_avx2) only: x in the micro-kernels' order (gemm_pack_x).
   const float* xg = nullptr;
   // Prompt chunks on AMX (rows_amx) only: x split into three bf16 parts, stored tile by
@@ -146,6 +149,7 @@ struct Problem {
       q.xd = xd + static_cast<size_t>(m0) * blocks();
     }
     if (xs) q.xs = xs + static_cast<size_t>(m0) * groups();
+    if (xt) q.xt = xt + static_cast<size_t>(2) * m0 * k;
     return q;
   }
   // Packed words, scales and biases of weight row n.
@@ -219,10 +223,6 @@ struct Panels {
   const uint8_t* w = nullptr;
   const uint8_t* s = nullptr;  // values of `format`
   const uint8_t* b = nullptr;
-  // Every scale times 2^-24 is exact (zero, not finite, or |s| >= 2^-100, so no product with
-  // a power of two down to 2^-24 rounds as a subnormal): rows_panels_avx2 may then scale the
-  // scales instead of shifting the codes (panel_chains_avx2).
-  bool scales_shift = false;
   size_t quad_bytes() const { return static_cast<size_t>(16) * bits; }
   size_t value_bytes() const { return format == GroupFormat::kF32 ? 4 : 2; }
   const uint8_t* panel_w(int q) const { return w + static_cast<size_t>(q) * (k / 4) * quad_bytes(); }
@@ -291,9 +291,6 @@ std::unique_ptr<Panels> build_panels(const uint32_t* w, const float* s, const fl
   out->from_b = b;
   const size_t groups = static_cast<size_t>(k / gs), words = static_cast<size_t>(k) * bits / 32;
   out->format = group_format(s, b, static_cast<size_t>(n) * groups);
-  out->scales_shift = std::all_of(s, s + static_cast<size_t>(n) * groups, [](float v) {
-    return v == 0.0f || !std::isfinite(v) || std::fabs(v) >= 0x1p-100f;
-  });
   const size_t w_bytes = static_cast<size_t>(n) * k * bits / 8,
                sb_bytes = static_cast<size_t>(n) * groups * out->value_bytes();
   out->memory = std::make_unique<PanelMemory>(w_bytes + 2 * sb_bytes);
@@ -1347,13 +1344,13 @@ AVX512_FN void rows_panels(const Problem& p, int n0, int n1) {
 }
 
 // ---------------------------------------------------------------------------------------
-// AVX2 + FMA on the panels (CPUs without AVX-512), 8 features a vector. Each output is one
-// FMA chain over K in column order, acc = fma(w, x_k, acc), with w = fma(q, scale_g,
-// bias_g): the arithmetic AVX-512's panel_chains had until 2026-12-07 (it now takes MLX's
-// per-group form, so the two round differently in the last bits; the 4-bit codes kept in
-// place below, c 2^t with t per column, would not sum in one chain per group); a row has
-// one-token bits for every window size. The scales and biases of 16-bit panel copies convert
-// with F16C (every AVX2 CPU has it; uses_panels checks).
+// AVX2 + FMA on the panels (CPUs without AVX-512), 8 features a vector, with the arithmetic
+// of AVX-512's panel_chains (MLX's per-group dot): per output and scale group one FMA chain
+// over the group's codes from zero, d = fma(x_k, q_k, d), then acc = fma(d, scale_g, acc)
+// and acc = fma(bias_g, xsum_g, acc) with xsum_g the group's sum of x (Problem::xs). Every
+// instruction set therefore gives the same bits, and a row's result does not depend on the
+// window. The scales and biases of 16-bit panel copies convert with F16C (every AVX2 CPU
+// has it; uses_panels checks).
 #define PANEL2_FN __attribute__((target("avx2,fma,f16c"))) inline
 #define PANEL2_FN_ALWAYS __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
@@ -1389,44 +1386,53 @@ PANEL2_FN_ALWAYS __m256 panel_q8(const __m256i (&half)[2], const uint8_t* quad, 
   }
 }
 
-// out[m, 32q + 16h + j] for the halves h in [H0, H0 + H) of panel q, j < 16, m < M: the
-// chains of M activation rows, row m's activations at x + m * xs.
+// The bit offset t of the 4-bit codes of column kk of a quad in half h of a panel lane
+// (the layout above).
+constexpr int code_shift(int kk, int h) { return 4 * (2 * kk + h); }
+
+// x for the SHIFT form of panel_chains_avx2 (Problem::xt): row r as two rows of K, for the
+// halves h = 0, 1 of a lane, column c of row h x_c 2^-t with t = code_shift(c % 4, h) (t =
+// 28: x_c itself, those codes are shifted down). Exact where shift_exact holds. (A pass over
+// one half reads one of them: x interleaved by column made 4-row windows of K = 8960 1.3x
+// slower.)
+void shift_x_row(const float* x, int k, int r, float* xt) {
+  const float* xr = x + static_cast<size_t>(r) * k;
+  for (int h = 0; h < 2; ++h) {
+    float* to = xt + (static_cast<size_t>(2) * r + h) * k;
+    float factor[4];  // 2^-t, exact products where shift_exact holds
+    for (int kk = 0; kk < 4; ++kk) factor[kk] = code_shift(kk, h) == 28 ? 1.0f : std::ldexp(1.0f, -code_shift(kk, h));
+    for (int c = 0; c < k; c += 4)
+      for (int kk = 0; kk < 4; ++kk) to[c + kk] = xr[c + kk] * factor[kk];
+  }
+}
+
+// Whether every x_c 2^-t of shift_x_row is exact: zero, not finite, or |x_c| >= 2^-102 (so no
+// product with a power of two down to 2^-24 is subnormal).
+bool shift_exact(const float* x, size_t len) {
+  return std::all_of(x, x + len, [](float v) { return v == 0.0f || !std::isfinite(v) || std::fabs(v) >= 0x1p-102f; });
+}
+
+// out[m, 32q + 16h + j] for the halves h in [H0, H0 + H) of panel q, j < 16, m < M: the sums
+// of M activation rows, row m's activations at x + m * xs (SHIFT: Problem::xt's, half h's
+// at + h K), its group sums at sums + m * ss. The chains of a group are in registers; the
+// outputs' accumulators in L1 take them at the group's end.
 //
-// SHIFT (4 bits, Panels::scales_shift): the code at bits [t, t + 4) of a lane is taken as
-// the integer c 2^t (one AND, no shift: 2^t c has at most 4 significant bits, so it converts
-// to float exactly) and multiplied with the scale times 2^-t (exact: a power of two, no
-// subnormal). The FMA's product c 2^t * s 2^-t is then exactly c s, so w = fma(c 2^t, s 2^-t,
-// b) has the bits of fma(c, s, b): one vector operation fewer per 8 weights (the products are
-// bound by those: 2 FMAs and 3 for the code per 8 weights). The 16 scaled scales of a group
-// are computed once per group and read by the FMAs from memory.
+// SHIFT (4 bits): the code at bits [t, t + 4) of a lane is taken as the integer c 2^t (one
+// AND, no shift: 2^t c has at most 4 significant bits, so it converts to float exactly) and
+// multiplied with x 2^-t (shift_x_row; exact where shift_exact holds). The FMA's product
+// c 2^t * x 2^-t is then exactly c x, so d = fma(c 2^t, x 2^-t, d) has the bits of fma(x, c,
+// d): one vector operation fewer per 8 weights (3 per row and 8 weights without it).
 template <int BITS, int M, int H0, int H, bool SHIFT>
-PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, float* out, size_t os) {
+PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, const float* sums,
+                                        size_t ss, float* out, size_t os) {
   static_assert(!SHIFT || BITS == 4);
-  __m256 acc[M][H][2];
-  _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
-    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) acc[m][h][0] = acc[m][h][1] = _mm256_setzero_ps();
+  alignas(32) float acc[M][H][16] = {};
   const uint8_t* wq = pn.panel_w(q);
   const float* xk = x;
-  // The bit offset t of column kk's codes in half h of a 4-bit lane. SHIFT leaves them there
-  // (an AND), except at t = 28, which is shifted down: c 2^28 may not fit an int32.
-  constexpr auto shift = [](int kk, int h) { return 4 * (2 * kk + h); };
-  alignas(32) float scaled[SHIFT ? 4 : 1][H][2][8];
   for (int g = 0; g < pn.k / pn.gs; ++g) {
-    __m256 sc[H][2], bi[H][2];
-    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
-      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-        sc[h][v] = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, false);
-        bi[h][v] = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, true);
-      }
-    if constexpr (SHIFT) {
-      _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
-        _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
-          _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
-            const int t = shift(kk, H0 + h);
-            const __m256 factor = _mm256_castsi256_ps(_mm256_set1_epi32((127 - (t == 28 ? 0 : t)) << 23));  // 2^-t
-            _mm256_store_ps(scaled[kk][h][v], _mm256_mul_ps(sc[h][v], factor));
-          }
-    }
+    __m256 dot[M][H][2];
+    _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
+      _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) dot[m][h][0] = dot[m][h][1] = _mm256_setzero_ps();
     for (int i = 0; i < pn.gs / 4; ++i, wq += pn.quad_bytes(), xk += 4) {
       _Pragma("GCC unroll 2") for (int line = 0; line < BITS / 4; ++line) {
         _mm_prefetch(reinterpret_cast<const char*>(wq) + 64 * line + kPanelPrefetchBytes, _MM_HINT_T0);
@@ -1438,59 +1444,72 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
       }
       _Pragma("GCC unroll 4") for (int kk = 0; kk < 4; ++kk)
         _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
-          __m256 w[2];
+          __m256 c[2];
           _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
             if constexpr (SHIFT) {
-              const int t = shift(kk, H0 + h);
-              const __m256i c = t == 28 ? _mm256_srli_epi32(half[v], 28)
-                                        : _mm256_and_si256(half[v], _mm256_set1_epi32(0xF << t));
-              w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_load_ps(scaled[kk][h][v]), bi[h][v]);
+              const int t = code_shift(kk, H0 + h);
+              c[v] = _mm256_cvtepi32_ps(t == 28 ? _mm256_srli_epi32(half[v], 28)
+                                                : _mm256_and_si256(half[v], _mm256_set1_epi32(0xF << t)));
             } else {
-              w[v] = _mm256_fmadd_ps(panel_q8<BITS>(half, wq, kk, H0 + h, v), sc[h][v], bi[h][v]);
+              c[v] = panel_q8<BITS>(half, wq, kk, H0 + h, v);
             }
           }
+          const size_t at = SHIFT ? static_cast<size_t>(H0 + h) * pn.k + kk : kk;
           _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
-            const __m256 xv = _mm256_broadcast_ss(xk + m * xs + kk);
-            acc[m][h][0] = _mm256_fmadd_ps(w[0], xv, acc[m][h][0]);
-            acc[m][h][1] = _mm256_fmadd_ps(w[1], xv, acc[m][h][1]);
+            const __m256 xv = _mm256_broadcast_ss(xk + m * xs + at);
+            dot[m][h][0] = _mm256_fmadd_ps(xv, c[0], dot[m][h][0]);
+            dot[m][h][1] = _mm256_fmadd_ps(xv, c[1], dot[m][h][1]);
           }
         }
     }
+    _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h)
+      _Pragma("GCC unroll 2") for (int v = 0; v < 2; ++v) {
+        const __m256 sc = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, false);
+        const __m256 bi = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, true);
+        _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
+          __m256 a = _mm256_fmadd_ps(dot[m][h][v], sc, _mm256_load_ps(acc[m][h] + 8 * v));
+          a = _mm256_fmadd_ps(bi, _mm256_set1_ps(sums[m * ss + g]), a);
+          _mm256_store_ps(acc[m][h] + 8 * v, a);
+        }
+      }
   }
   _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m)
     _Pragma("GCC unroll 2") for (int h = 0; h < H; ++h) {
       float* o = out + m * os + kPanelCols * q + 16 * (H0 + h);
-      _mm256_storeu_ps(o, acc[m][h][0]);
-      _mm256_storeu_ps(o + 8, acc[m][h][1]);
+      _mm256_storeu_ps(o, _mm256_load_ps(acc[m][h]));
+      _mm256_storeu_ps(o + 8, _mm256_load_ps(acc[m][h] + 8));
     }
 }
 
 // Activation rows a pass of panel_chains_avx2 takes: up to 2 rows with both halves of the
-// panel at once (4 or 8 accumulators), 3-4 rows one half at a time (6 or 8): 16 registers.
+// panel at once (4 or 8 chains), 3-4 rows one half at a time (6 or 8): 16 registers.
 constexpr int kPanel2Rows = 4;
 
 // Output rows [n0, n1) (whole panels) of a product with panels for at most kTiledMaxRows
-// activation rows (run_rows splits longer prompts), x rows as given; each panel in turn for
-// every group of rows (11 -> 4 + 4 + 3), while it is in L1/L2.
+// activation rows (run_rows splits longer prompts), x rows as given (4 bits with
+// Problem::xt: the SHIFT form); each panel in turn for every group of rows (11 -> 4 + 4 +
+// 3), while it is in L1/L2.
 template <int BITS, bool SHIFT>
 PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   const Panels& pn = *p.panels;
-  const size_t xs = static_cast<size_t>(p.k), os = static_cast<size_t>(p.n);
+  const size_t xs = static_cast<size_t>(p.k) * (SHIFT ? 2 : 1), os = static_cast<size_t>(p.n),
+               ss = static_cast<size_t>(p.groups());
   const auto [parts, per] = balanced(p.m, kPanel2Rows);
   for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
     for (int m0 = 0; m0 < p.m; m0 += per) {
-      const float* x = p.x + m0 * xs;
+      const float* x = (SHIFT ? p.xt : p.x) + m0 * xs;
+      const float* sums = p.xs + m0 * ss;
       float* out = p.out + m0 * os;
       switch (std::min(per, p.m - m0)) {
-        case 1: panel_chains_avx2<BITS, 1, 0, 2, SHIFT>(pn, q, x, xs, out, os); break;
-        case 2: panel_chains_avx2<BITS, 2, 0, 2, SHIFT>(pn, q, x, xs, out, os); break;
+        case 1: panel_chains_avx2<BITS, 1, 0, 2, SHIFT>(pn, q, x, xs, sums, ss, out, os); break;
+        case 2: panel_chains_avx2<BITS, 2, 0, 2, SHIFT>(pn, q, x, xs, sums, ss, out, os); break;
         case 3:
-          panel_chains_avx2<BITS, 3, 0, 1, SHIFT>(pn, q, x, xs, out, os);
-          panel_chains_avx2<BITS, 3, 1, 1, SHIFT>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 3, 0, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
+          panel_chains_avx2<BITS, 3, 1, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
           break;
         default:
-          panel_chains_avx2<BITS, 4, 0, 1, SHIFT>(pn, q, x, xs, out, os);
-          panel_chains_avx2<BITS, 4, 1, 1, SHIFT>(pn, q, x, xs, out, os);
+          panel_chains_avx2<BITS, 4, 0, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
+          panel_chains_avx2<BITS, 4, 1, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
           break;
       }
     }
@@ -1498,7 +1517,6 @@ PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   (void)parts;
 }
 
-// ---------------------------------------------------------------------------------------
 // Prompt chunks on AVX2 + FMA (f32 precision, 4- and 8-bit matrices, more than
 // kWindowMaxRows activation rows): rows_gemm's GEMM in 8-lane vectors. The window
 // kernels above spend 2 of every 10 FMAs of a prompt block dequantizing (each 4-row pass of
@@ -2726,7 +2744,7 @@ void run_rows(const Problem& p, int n0, int n1, int level, int precision) {
   }
   if (p.panels && precision == kF32) {
     if (p.bits == 8) return rows_panels_avx2<8, false>(p, n0, n1);
-    return p.panels->scales_shift ? rows_panels_avx2<4, true>(p, n0, n1) : rows_panels_avx2<4, false>(p, n0, n1);
+    return p.xt ? rows_panels_avx2<4, true>(p, n0, n1) : rows_panels_avx2<4, false>(p, n0, n1);
   }
   if (precision == kBf16) return p.bits == 4 ? rows_bf16<4>(p, n0, n1) : rows_bf16<8>(p, n0, n1);
   if (precision == kInt8 && !int8_vector(level)) {
@@ -2875,11 +2893,17 @@ void compute(std::vector<Problem>& ps, Combine combine, float* combined_out, int
     gemm_pack_x(p0.x, p0.m, p0.k, p0.bits == 4, aligned, threads);
     for (auto& p : ps) p.xg = aligned;
   }
-  if (panels && windows && level == kAvx512) {  // rows_panels' group sums (Problem::xs)
+  if (panels && windows) {  // rows_panels' and rows_panels_avx2's group sums (Problem::xs)
     thread_local std::vector<float> xs;
     xs.resize(static_cast<size_t>(p0.m) * p0.groups());
-    for (int r = 0; r < p0.m; ++r) group_sums_row(p0, r, true, xs.data());
+    for (int r = 0; r < p0.m; ++r) group_sums_row(p0, r, level == kAvx512, xs.data());
     for (auto& p : ps) p.xs = xs.data();
+  }
+  if (panels && windows && level == kAvx2 && p0.bits == 4 && shift_exact(p0.x, len)) {  // Problem::xt
+    thread_local std::vector<float> xt;
+    float* aligned = aligned64(xt, 2 * len);
+    for (int r = 0; r < p0.m; ++r) shift_x_row(p0.x, p0.k, r, aligned);
+    for (auto& p : ps) p.xt = aligned;
   }
   if (panels && windows && level == kAvx512 && p0.m > 1) {  // rows_panels' copy (Problem::xp)
     thread_local std::vector<float> xp;

@@ -5,7 +5,7 @@
 //! (default T = 1,8,11,16; shapes SmolLM2's, e.g. `8960x1536x4g64` for Qwen2.5-1.5B's MLP).
 //! Bits 32 (`1536x576x32g32`) is a dense f32 matrix: the kernel's dense products
 //! (`cpu_quant::dense_matmuls_t`) and MLX's matmul (BLAS `sgemm`) alternate, each line `f32`
-//! and `blas`.
+//! and `blas`. `MLX_SPEC_PRECISION` and `MLX_SPEC_QMM_ISA` apply (e.g. `MLX_SPEC_QMM_ISA=avx2+fma`).
 use std::time::Instant;
 
 use mlx_core::quant::{QuantSpec, quantize};
@@ -15,7 +15,9 @@ fn main() {
     let ts: Vec<i32> =
         std::env::args().nth(1).unwrap_or("1,8,11,16".into()).split(',').map(|t| t.parse().unwrap()).collect();
     let key = random::Key::new(1);
-    let policy = mlx_core::KernelPolicy::all_on().with_precision(mlx_core::Settings::global().precision.value);
+    let settings = mlx_core::Settings::global();
+    let policy =
+        mlx_core::KernelPolicy::all_on().with_precision(settings.precision.value).with_isa(settings.max_isa.value);
     let shapes: Vec<(i32, i32, i32, i32)> = match std::env::args().nth(2) {
         Some(list) => list
             .split(',')
