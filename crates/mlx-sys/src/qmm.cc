@@ -1392,9 +1392,8 @@ constexpr int code_shift(int kk, int h) { return 4 * (2 * kk + h); }
 
 // x for the SHIFT form of panel_chains_avx2 (Problem::xt): row r as two rows of K, for the
 // halves h = 0, 1 of a lane, column c of row h x_c 2^-t with t = code_shift(c % 4, h) (t =
-// 28: x_c itself, those codes are shifted down). Exact where shift_exact holds. (A pass over
-// one half reads one of them: x interleaved by column made 4-row windows of K = 8960 1.3x
-// slower.)
+// 28: x_c itself, those codes are shifted down), so a pass over one half of the panel reads
+// one of them. Exact where shift_exact holds.
 void shift_x_row(const float* x, int k, int r, float* xt) {
   const float* xr = x + static_cast<size_t>(r) * k;
   for (int h = 0; h < 2; ++h) {
@@ -1413,8 +1412,8 @@ bool shift_exact(const float* x, size_t len) {
 }
 
 // out[m, 32q + 16h + j] for the halves h in [H0, H0 + H) of panel q, j < 16, m < M: the sums
-// of M activation rows, row m's activations at x + m * xs (SHIFT: Problem::xt's, half h's
-// at + h K), its group sums at sums + m * ss. The chains of a group are in registers; the
+// of M activation rows, row m's activations at x + m * x_stride (SHIFT: Problem::xt's, half
+// h's at + h K), its group sums at xs + m * xs_stride. The chains of a group are in registers; the
 // outputs' accumulators in L1 take them at the group's end.
 //
 // SHIFT (4 bits): the code at bits [t, t + 4) of a lane is taken as the integer c 2^t (one
@@ -1423,8 +1422,8 @@ bool shift_exact(const float* x, size_t len) {
 // c 2^t * x 2^-t is then exactly c x, so d = fma(c 2^t, x 2^-t, d) has the bits of fma(x, c,
 // d): one vector operation fewer per 8 weights (3 per row and 8 weights without it).
 template <int BITS, int M, int H0, int H, bool SHIFT>
-PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t xs, const float* sums,
-                                        size_t ss, float* out, size_t os) {
+PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x, size_t x_stride, const float* xs,
+                                        size_t xs_stride, float* out, size_t os) {
   static_assert(!SHIFT || BITS == 4);
   alignas(32) float acc[M][H][16] = {};
   const uint8_t* wq = pn.panel_w(q);
@@ -1456,7 +1455,7 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
           }
           const size_t at = SHIFT ? static_cast<size_t>(H0 + h) * pn.k + kk : kk;
           _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
-            const __m256 xv = _mm256_broadcast_ss(xk + m * xs + at);
+            const __m256 xv = _mm256_broadcast_ss(xk + m * x_stride + at);
             dot[m][h][0] = _mm256_fmadd_ps(xv, c[0], dot[m][h][0]);
             dot[m][h][1] = _mm256_fmadd_ps(xv, c[1], dot[m][h][1]);
           }
@@ -1468,7 +1467,7 @@ PANEL2_FN_ALWAYS void panel_chains_avx2(const Panels& pn, int q, const float* x,
         const __m256 bi = panel_group8(pn, q, g, 16 * (H0 + h) + 8 * v, true);
         _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
           __m256 a = _mm256_fmadd_ps(dot[m][h][v], sc, _mm256_load_ps(acc[m][h] + 8 * v));
-          a = _mm256_fmadd_ps(bi, _mm256_set1_ps(sums[m * ss + g]), a);
+          a = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs[m * xs_stride + g]), a);
           _mm256_store_ps(acc[m][h] + 8 * v, a);
         }
       }
@@ -1492,24 +1491,24 @@ constexpr int kPanel2Rows = 4;
 template <int BITS, bool SHIFT>
 PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   const Panels& pn = *p.panels;
-  const size_t xs = static_cast<size_t>(p.k) * (SHIFT ? 2 : 1), os = static_cast<size_t>(p.n),
-               ss = static_cast<size_t>(p.groups());
+  const size_t x_stride = static_cast<size_t>(p.k) * (SHIFT ? 2 : 1), os = static_cast<size_t>(p.n),
+               xs_stride = static_cast<size_t>(p.groups());
   const auto [parts, per] = balanced(p.m, kPanel2Rows);
   for (int q = n0 / kPanelCols; q < n1 / kPanelCols; ++q) {
     for (int m0 = 0; m0 < p.m; m0 += per) {
-      const float* x = (SHIFT ? p.xt : p.x) + m0 * xs;
-      const float* sums = p.xs + m0 * ss;
+      const float* x = (SHIFT ? p.xt : p.x) + m0 * x_stride;
+      const float* xs = p.xs + m0 * xs_stride;
       float* out = p.out + m0 * os;
       switch (std::min(per, p.m - m0)) {
-        case 1: panel_chains_avx2<BITS, 1, 0, 2, SHIFT>(pn, q, x, xs, sums, ss, out, os); break;
-        case 2: panel_chains_avx2<BITS, 2, 0, 2, SHIFT>(pn, q, x, xs, sums, ss, out, os); break;
+        case 1: panel_chains_avx2<BITS, 1, 0, 2, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os); break;
+        case 2: panel_chains_avx2<BITS, 2, 0, 2, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os); break;
         case 3:
-          panel_chains_avx2<BITS, 3, 0, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
-          panel_chains_avx2<BITS, 3, 1, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
+          panel_chains_avx2<BITS, 3, 0, 1, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os);
+          panel_chains_avx2<BITS, 3, 1, 1, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os);
           break;
         default:
-          panel_chains_avx2<BITS, 4, 0, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
-          panel_chains_avx2<BITS, 4, 1, 1, SHIFT>(pn, q, x, xs, sums, ss, out, os);
+          panel_chains_avx2<BITS, 4, 0, 1, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os);
+          panel_chains_avx2<BITS, 4, 1, 1, SHIFT>(pn, q, x, x_stride, xs, xs_stride, out, os);
           break;
       }
     }
@@ -1517,6 +1516,7 @@ PANEL2_FN void rows_panels_avx2(const Problem& p, int n0, int n1) {
   (void)parts;
 }
 
+// ---------------------------------------------------------------------------------------
 // Prompt chunks on AVX2 + FMA (f32 precision, 4- and 8-bit matrices, more than
 // kWindowMaxRows activation rows): rows_gemm's GEMM in 8-lane vectors. The window
 // kernels above spend 2 of every 10 FMAs of a prompt block dequantizing (each 4-row pass of
