@@ -9,7 +9,9 @@
 //! and per verify forward: on a shared machine that measures the work, which wall time does
 //! not (run with `OPENBLAS_NUM_THREADS=1 MLX_SPEC_QMM_THREADS=1` to compare single-core work).
 //! Each variant is a [`KernelPolicy`] the model is loaded with (plus the process-wide sgemv
-//! rewrite of the BLAS switch).
+//! rewrite of the BLAS switch); `MLX_SPEC_QMM_ISA` caps the instruction set of every variant
+//! but `mlx-kernels` (e.g. `avx2+fma` to measure the AVX2 kernels on an AVX-512 CPU), as it
+//! caps the CLI's, and the JSON's `qmm_isa` names the one in use.
 //!
 //! The variants run side by side in this one process:
 //! - `ours`: the defaults (the CPU kernels of `mlx_core::cpu_quant` for quantized products
@@ -137,13 +139,14 @@ fn process_cpu_ns() -> u64 {
 fn set_variant(name: &str) -> KernelPolicy {
     let ours = name != "mlx-kernels";
     set_gemv_routing(ours);
+    let on = || KernelPolicy::all_on().with_isa(mlx_core::Settings::global().max_isa.value);
     match name {
-        "ours" => KernelPolicy::all_on(),
-        "bf16" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Bf16),
-        "int8" => KernelPolicy::all_on().with_precision(mlx_core::Precision::Int8),
-        "unfused" => KernelPolicy { layer: LayerNodes::Ops, ..KernelPolicy::all_on() },
-        "split" => KernelPolicy { layer: LayerNodes::Split, ..KernelPolicy::all_on() },
-        "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..KernelPolicy::all_on() },
+        "ours" => on(),
+        "bf16" => on().with_precision(mlx_core::Precision::Bf16),
+        "int8" => on().with_precision(mlx_core::Precision::Int8),
+        "unfused" => KernelPolicy { layer: LayerNodes::Ops, ..on() },
+        "split" => KernelPolicy { layer: LayerNodes::Split, ..on() },
+        "mlx-norm-rope" => KernelPolicy { fast_norm_rope: false, ..on() },
         "mlx-kernels" => KernelPolicy::mlx(),
         other => panic!("--variants {other}: expected ours, bf16, int8, unfused, split, mlx-norm-rope or mlx-kernels"),
     }

@@ -4,7 +4,8 @@
 //! graph, the products of a SmolLM2-135M-shaped layer stack on random weights (30 layers of
 //! 4-bit g32 q/k/v, o, gate/up and down, and an 8-bit 49152 x 576 head), for T in 1, 2, 4,
 //! 8, 11, 16 by default. "rest" is the difference: norms, RoPE, attention, cache writes,
-//! residual adds and per-node dispatch (meaningful for SmolLM2 4-bit directories).
+//! residual adds and per-node dispatch (meaningful for SmolLM2 4-bit directories). `MLX_SPEC_QMM_ISA`
+//! caps both (e.g. `avx2+fma`).
 //! With `WINDOW_PROFILE_LOOP=N`: one prefill, then N forwards of each T rolled back (for `perf`).
 use std::time::Instant;
 
@@ -70,7 +71,7 @@ fn main() {
     );
     let head = mat(vocab, h, 8);
     eval(&[&q.weight, &kk.weight, &v.weight, &o.weight, &g.weight, &u.weight, &d.weight, &head.weight]).unwrap();
-    let policy = mlx_core::KernelPolicy::all_on();
+    let policy = mlx_core::KernelPolicy::all_on().with_isa(mlx_core::Settings::global().max_isa.value);
     for t in ts {
         let mut fwd = Vec::new();
         let mut prods = Vec::new();
