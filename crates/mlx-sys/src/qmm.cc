@@ -188,6 +188,8 @@ T* aligned64(std::vector<T>& buf, size_t n) {
 // the row kernels read 2 rows of K * bits / 8 bytes). Built once per matrix from MLX's rows
 // (build_panels) and kept with the matrix's data (PanelCache).
 constexpr int kPanelCols = 32;
+// The bit offset t of the 4-bit codes of column kk of a quad in half h of a panel lane.
+constexpr int code_shift(int kk, int h) { return 4 * (2 * kk + h); }
 
 // Uninitialized memory for a repacked matrix (anonymous pages, 64-byte aligned), first
 // touched by the pool's threads in build_panels. A zero-filled std::vector had one thread
@@ -1057,7 +1059,7 @@ AVX512_FN void gemm_pack(const Problem& p, int nb, int cols, int k0, int depth, 
 template <int BITS>
 AVX512_FN_ALWAYS __m512 panel_q(__m512i v, const uint8_t* quad, int kk, int h) {
   if constexpr (BITS == 4) {
-    return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (2 * kk + h)),
+    return _mm512_permutexvar_ps(_mm512_srli_epi32(v, code_shift(kk, h)),
                                  _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   } else {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h))));
@@ -1378,17 +1380,13 @@ PANEL2_FN_ALWAYS __m256 panel_group8(const Panels& pn, int q, int g, int f, bool
 template <int BITS>
 PANEL2_FN_ALWAYS __m256 panel_q8(const __m256i (&half)[2], const uint8_t* quad, int kk, int h, int v) {
   if constexpr (BITS == 4) {
-    const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(half[v], 4 * (2 * kk + h)), _mm256_set1_epi32(0xF));
+    const __m256i codes = _mm256_and_si256(_mm256_srli_epi32(half[v], code_shift(kk, h)), _mm256_set1_epi32(0xF));
     return _mm256_cvtepi32_ps(codes);
   } else {
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quad + kPanelCols * kk + 16 * h + 8 * v));
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
   }
 }
-
-// The bit offset t of the 4-bit codes of column kk of a quad in half h of a panel lane
-// (the layout above).
-constexpr int code_shift(int kk, int h) { return 4 * (2 * kk + h); }
 
 // x for the SHIFT form of panel_chains_avx2 (Problem::xt): row r as two rows of K, for the
 // halves h = 0, 1 of a lane, column c of row h x_c 2^-t with t = code_shift(c % 4, h) (t =
