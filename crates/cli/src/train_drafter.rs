@@ -95,6 +95,14 @@ pub struct TrainDrafterArgs {
     /// (DeepSpec's initialisation). Only a fresh run uses it; a resume must name the same.
     #[arg(long, default_value = "target")]
     init: Init,
+    /// Weight of the cross entropy against the target's own (greedy) tokens in the objective
+    /// (DeepSpec's `ce_loss_alpha`).
+    #[arg(long, default_value_t = 0.1)]
+    ce_loss_alpha: f32,
+    /// Weight of the L1 distance to the target's next-token distribution in the objective
+    /// (DeepSpec's `l1_loss_alpha`; the confidence head's weight stays 1).
+    #[arg(long, default_value_t = 0.9)]
+    l1_loss_alpha: f32,
     /// Seed of the initial weights, the sample order and the anchors.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -247,6 +255,8 @@ pub fn run(a: TrainDrafterArgs) -> Result<()> {
         seed: a.seed,
         checkpoint_every: a.checkpoint_every,
         init: a.init,
+        ce_loss_alpha: a.ce_loss_alpha,
+        l1_loss_alpha: a.l1_loss_alpha,
     };
     let mut run = Run::open(&work, &a.out, drafter_config(&config, &shape, a.num_anchors), weights, settings)?;
     if run.step() > 0 {

@@ -47,6 +47,23 @@ pub struct RunSettings {
     /// How the drafter's weights started (a run stored before this field: `random`).
     #[serde(default)]
     pub init: crate::init::Init,
+    /// Weight of the cross entropy against the target's own tokens in the objective
+    /// ([`DSparkLoss::ce_alpha`]; DeepSpec's `ce_loss_alpha`, 0.1; a run stored before this
+    /// field: 0.1).
+    #[serde(default = "default_ce_alpha")]
+    pub ce_loss_alpha: f32,
+    /// Weight of the L1 distance to the target's distribution ([`DSparkLoss::l1_alpha`];
+    /// DeepSpec's `l1_loss_alpha`, 0.9; a run stored before this field: 0.9).
+    #[serde(default = "default_l1_alpha")]
+    pub l1_loss_alpha: f32,
+}
+
+fn default_ce_alpha() -> f32 {
+    DSparkLoss::default().ce_alpha
+}
+
+fn default_l1_alpha() -> f32 {
+    DSparkLoss::default().l1_alpha
 }
 
 /// What a step reports.
@@ -134,7 +151,8 @@ impl Run {
     ///
     /// # Errors
     /// [`Error::State`] when `dir` holds a run with other settings (both named) or cannot be
-    /// created; [`Error::Drafter`] for a config the drafter refuses.
+    /// created; [`Error::Drafter`] for a config the drafter refuses; [`Error::Config`] (before
+    /// anything is created) for loss weights that are negative, not finite or both 0.
     pub fn open(
         dir: &Path,
         out: &Path,
@@ -142,6 +160,14 @@ impl Run {
         mut weights: BTreeMap<String, Array>,
         settings: RunSettings,
     ) -> Result<Self> {
+        let alphas = [settings.ce_loss_alpha, settings.l1_loss_alpha];
+        if alphas.iter().any(|a| !a.is_finite() || *a < 0.0) || alphas.iter().all(|a| *a == 0.0) {
+            let message = format!(
+                "ce_loss_alpha {} and l1_loss_alpha {}: expected finite weights >= 0, not both 0",
+                settings.ce_loss_alpha, settings.l1_loss_alpha
+            );
+            return Err(Error::Config { setting: "loss weights", message });
+        }
         std::fs::create_dir_all(dir).map_err(|e| Error::State { path: dir.into(), message: e.to_string() })?;
         let raw = serde_json::from_value(config_json.clone())
             .map_err(|e| Error::Config { setting: "drafter config", message: e.to_string() })?;
@@ -204,8 +230,12 @@ impl Run {
             params,
             opt,
             schedule,
+            loss: DSparkLoss {
+                ce_alpha: settings.ce_loss_alpha,
+                l1_alpha: settings.l1_loss_alpha,
+                ..DSparkLoss::default()
+            },
             settings,
-            loss: DSparkLoss::default(),
             step,
         })
     }

@@ -128,6 +128,8 @@ fn settings(checkpoint_every: u64) -> RunSettings {
         seed: 9,
         checkpoint_every,
         init: Init::Random,
+        ce_loss_alpha: 0.1,
+        l1_loss_alpha: 0.9,
     }
 }
 
@@ -259,4 +261,39 @@ fn a_drafter_initialised_from_the_target_copies_its_last_layers_and_selects_the_
     // Under the default initialisation nothing is copied.
     let r = new_drafter_weights(tmp.path(), &config, &shape, 3, Init::Random).unwrap();
     assert_ne!(bytes(&r["layers.0.mlp.down_proj.weight"]), bytes(&w["layers.0.mlp.down_proj.weight"]));
+}
+
+/// The objective's weights are run settings: a run with `ce_loss_alpha` 1 and
+/// `l1_loss_alpha` 0 reports a loss of exactly its cross entropy plus its confidence term;
+/// negative or all-zero weights are refused naming both; a resume with other weights is
+/// refused naming the field.
+#[test]
+fn the_objectives_weights_are_settings_checked_on_open_and_resume() {
+    let (tmp, target_dir, target, config, samples) = tiny_target_and_samples();
+    let shape = DrafterShape { block_size: 4, markov_rank: 16, ..DrafterShape::for_target(&config, 0) };
+    let teacher: Vec<TeacherStates> =
+        samples.iter().map(|s| teacher_states(&target, &s.ids, &shape.tap_layers).unwrap()).collect();
+    let weights = new_drafter_weights(&target_dir, &config, &shape, 3, Init::Random).unwrap();
+    let hard = RunSettings { ce_loss_alpha: 1.0, l1_loss_alpha: 0.0, ..settings(50) };
+    let cfg = drafter_config(&config, &shape, hard.num_anchors);
+    let (work, out) = (tmp.path().join("work"), tmp.path().join("out"));
+    let open = |s: &RunSettings| Run::open(&work, &out, cfg.clone(), weights.clone(), s.clone());
+
+    let mut reports = Vec::new();
+    open(&hard).unwrap().train(&samples, &teacher, Some(3), None, &mut |r| reports.push(r.clone())).unwrap();
+    assert_eq!(reports.len(), 3);
+    for r in &reports {
+        assert!(r.l1 > 0.0, "the L1 term is still measured: {r:?}");
+        assert!((r.loss - (r.ce + r.confidence)).abs() <= 1e-5 * r.loss.abs().max(1.0), "{r:?}");
+    }
+
+    let other = settings(50);
+    let err = open(&other).err().expect("a resume with other loss weights").to_string();
+    assert!(err.contains("ce_loss_alpha") && err.contains("l1_loss_alpha"), "{err}");
+    for (ce, l1) in [(-0.1, 0.9), (0.0, 0.0), (f32::NAN, 1.0)] {
+        let bad = RunSettings { ce_loss_alpha: ce, l1_loss_alpha: l1, ..settings(50) };
+        let dir = tmp.path().join("bad");
+        let err = Run::open(&dir, &out, cfg.clone(), weights.clone(), bad).err().expect("bad weights").to_string();
+        assert!(err.contains("ce_loss_alpha") && err.contains("l1_loss_alpha"), "{err}");
+    }
 }
