@@ -43,10 +43,6 @@ struct BlockPolicy {
     block_ms: Arc<Mutex<Option<f64>>>,
 }
 
-/// Drafts whose survival [`SourcePolicy::pipeline_plain_steps`] weighs (a DSpark block's
-/// usual size, DeepSpec's γ 7).
-const BLOCK_SURVIVAL_LEN: usize = 7;
-
 /// Weight of a new block time in [`BlockPolicy::block_ms`]'s running average.
 const BLOCK_MS_WEIGHT: f64 = 0.2;
 
@@ -104,12 +100,7 @@ impl DSparkProvider {
     /// Before a block is drawn, the round is also weighed as a whole: with `s_i` the
     /// provider's per-position survival so far and `c` the block's measured time over the
     /// target's step, no block is drawn (a plain round, the drafter's pass saved) when
-    /// [`crate::policy::choose`] with a cost of `c` for any `k > 0` drafts picks none. A plain
-    /// round runs pipelined, as plain decoding does (the next head's forward queued before
-    /// its token is read, its taps committed with it), unless a whole window would pay
-    /// ([`crate::policy::CostCurve::pipeline_plain_steps`]); a block drawn right after a
-    /// pipelined round is charged the split window's extra cost
-    /// ([`crate::policy::split_window_cost`]), in the whole-round weighing and in the cut;
+    /// [`crate::policy::choose`] with a cost of `c` for any `k > 0` drafts picks none;
     /// after [`crate::two_model::PROBE_AFTER_PLAIN_ROUNDS`] such rounds in a row one block
     /// is drawn whatever the estimate, so the estimates can recover. The choice uses earlier
     /// rounds only (a stopping time).
@@ -140,7 +131,6 @@ impl DraftProvider for DSparkProvider {
                 acceptance: p.acceptance.clone(),
                 block_ms: p.block_ms.clone(),
                 plain_rounds: 0,
-                after_plain: false,
             });
         }
         Ok(Box::new(source))
@@ -158,39 +148,24 @@ impl DraftProvider for DSparkProvider {
 }
 
 /// A source's share of the [`BlockPolicy`]: the target's curve, the provider's estimates and
-/// block time, the rounds in a row that drew no block, and whether the last of them ran
-/// pipelined (the executor queued the next head: a window drafted now is split, `t(1) +
-/// t(k)`, [`crate::policy::split_window_cost`]).
+/// block time, and the rounds in a row that drew no block.
 struct SourcePolicy {
     curve: CostCurve,
     acceptance: Arc<Mutex<AcceptanceModel>>,
     block_ms: Arc<Mutex<Option<f64>>>,
     plain_rounds: usize,
-    after_plain: bool,
 }
 
 impl SourcePolicy {
-    /// A block's time over the target's step, once a block was timed (alone, not in a batch).
-    fn block_cost(&self) -> Option<f64> {
-        match *self.block_ms.lock().expect("block time lock") {
-            Some(ms) if self.curve.step_ms > 0.0 && self.curve.batch.is_none() => Some(ms / self.curve.step_ms),
-            _ => None,
-        }
-    }
-
-    /// What drafting `k` tokens costs besides the window's forward, in one-token steps:
-    /// `block` (the drafter's pass) for any `k > 0`, plus the split window's extra cost
-    /// after a pipelined plain step.
-    fn draft_cost(&self, k: usize, block: f64) -> f64 {
-        if k == 0 { 0.0 } else { block + crate::policy::split_window_cost(&self.curve, k, self.after_plain) }
-    }
-
     /// Whether a round of up to `n` drafts should draw a block (see
     /// [`DSparkProvider::with_policy`]); counts the rounds that do not.
     fn draw_block(&mut self, n: usize) -> bool {
-        let Some(block) = self.block_cost() else { return true };
+        let cost = match *self.block_ms.lock().expect("block time lock") {
+            Some(ms) if self.curve.step_ms > 0.0 && self.curve.batch.is_none() => ms / self.curve.step_ms,
+            _ => return true,
+        };
         let survival = self.acceptance.lock().expect("acceptance lock").survival(BLOCK_KEY, n);
-        let worth = crate::policy::choose(&self.curve, &survival, |k| self.draft_cost(k, block)) > 0;
+        let worth = crate::policy::choose(&self.curve, &survival, |k| if k > 0 { cost } else { 0.0 }) > 0;
         if worth || self.plain_rounds >= crate::two_model::PROBE_AFTER_PLAIN_ROUNDS {
             self.plain_rounds = 0;
             true
@@ -198,15 +173,6 @@ impl SourcePolicy {
             self.plain_rounds += 1;
             false
         }
-    }
-
-    /// Whether the executor should pipeline the plain step after a round that drew no block:
-    /// [`CostCurve::pipeline_plain_steps`] of the best unsplit round a block would give.
-    fn pipeline_plain_steps(&self) -> bool {
-        let Some(block) = self.block_cost() else { return true };
-        let survival = self.acceptance.lock().expect("acceptance lock").survival(BLOCK_KEY, BLOCK_SURVIVAL_LEN);
-        let value = crate::policy::best_round_ratio(&self.curve, &survival, |k| if k > 0 { block } else { 0.0 });
-        self.curve.pipeline_plain_steps(value)
     }
 
     /// Adds a block's time to the provider's average.
@@ -305,8 +271,7 @@ impl<'a> DSparkSource<'a> {
     /// next slot [`keep_drafting`] declines, walking the slots in order. In a batch, the
     /// whole block, its prefix estimates kept for the batch's scheduler.
     fn policy_cut(&mut self, ratings: &[f64]) -> usize {
-        let Some(policy) = &self.policy else { return ratings.len() };
-        let SourcePolicy { curve, acceptance, .. } = policy;
+        let Some(SourcePolicy { curve, acceptance, .. }) = &self.policy else { return ratings.len() };
         let acc = acceptance.lock().expect("acceptance lock");
         if curve.batch.is_some() {
             let prefix = ratings
@@ -324,9 +289,7 @@ impl<'a> DSparkSource<'a> {
         let mut survival = Vec::with_capacity(ratings.len());
         for (k, &rating) in ratings.iter().enumerate() {
             let next = acc.rated(rating, BLOCK_KEY, k);
-            // the block is drawn: only the split window's extra cost is still to come
-            let split = |k| policy.draft_cost(k, 0.0);
-            if !keep_drafting(curve, &survival, next, acc.conditional(BLOCK_KEY, k + 1), ratings.len(), split) {
+            if !keep_drafting(curve, &survival, next, acc.conditional(BLOCK_KEY, k + 1), ratings.len(), |_| 0.0) {
                 return k;
             }
             survival.push(survival.last().copied().unwrap_or(1.0) * next);
@@ -349,12 +312,6 @@ impl<'a> DSparkSource<'a> {
 }
 
 impl DraftSource for DSparkSource<'_> {
-    /// Under the policy, see [`SourcePolicy::pipeline_plain_steps`]; otherwise every round
-    /// draws a block, and the answer does not matter.
-    fn pipeline_plain_steps(&self) -> bool {
-        self.policy.as_ref().is_none_or(SourcePolicy::pipeline_plain_steps)
-    }
-
     fn set_batch(&mut self, batch: Option<crate::policy::BatchLoad>) {
         if let Some(p) = &mut self.policy {
             p.curve.batch = batch;
@@ -403,11 +360,6 @@ impl DraftSource for DSparkSource<'_> {
         self.last_prefix = None;
         self.last_logits = None;
         if n == 0 || self.policy.as_mut().is_some_and(|p| !p.draw_block(n)) {
-            // The executor asks next whether to pipeline this plain step; the answer is the
-            // same now, and it decides what the next round's window costs.
-            if let Some(p) = &mut self.policy {
-                p.after_plain = p.pipeline_plain_steps();
-            }
             return Ok(Vec::new());
         }
         let what = || format!("drafter `{}` block for anchor {anchor} at position {start}", self.name);
@@ -426,9 +378,6 @@ impl DraftSource for DSparkSource<'_> {
             };
             drafts.truncate(self.policy_cut(&ratings[..drafts.len()]));
             self.last_ratings = ratings[..drafts.len()].to_vec();
-            if let Some(p) = &mut self.policy {
-                p.after_plain = drafts.is_empty() && p.pipeline_plain_steps();
-            }
         }
         self.last_drafts = drafts.clone();
         if !self.sampler.is_greedy() {
@@ -555,7 +504,6 @@ mod tests {
             acceptance: Arc::new(Mutex::new(acc)),
             block_ms: Arc::new(Mutex::new(block_ms)),
             plain_rounds: 0,
-            after_plain: false,
         }
     }
 
@@ -588,19 +536,5 @@ mod tests {
         p.time_block(10.0);
         p.time_block(20.0);
         assert_eq!(*p.block_ms.lock().unwrap(), Some(12.0));
-    }
-
-    #[test]
-    fn after_a_pipelined_plain_step_a_block_also_pays_for_the_split_window() {
-        // Half the first drafts accepted, a block a tenth of a step: worth drawing for a
-        // whole window (1.5 / 1.2 steps), not for a split one (t(1) + t(1) - t(2) = 0.9 more).
-        let mut p = policy(Some(1.0), 0.5);
-        assert!(p.draw_block(7));
-        p.after_plain = true;
-        assert!(!p.draw_block(7));
-        // Plain steps run pipelined unless a whole window would pay.
-        assert!(!policy(Some(1.0), 0.5).pipeline_plain_steps());
-        assert!(policy(Some(5.0), 0.0).pipeline_plain_steps());
-        assert!(policy(None, 1.0).pipeline_plain_steps());
     }
 }

@@ -222,11 +222,9 @@ pub struct Outcome {
 /// before the host reads the token, so a run of plain steps costs what
 /// [`models::generate::generate`] costs. When the source then does propose drafts, the
 /// round's window is the queued head (already in the cache, its logits kept) followed by a
-/// forward over the drafts alone; the accept walk is the same. A source with tap layers gets
-/// the queued head's taps when the plain step commits, and the window's as the head's taps
-/// followed by the drafts' forward's (the same `[1, d + 1, H]` a one-forward window gives).
-/// A source that expects its next round to be worth a whole window declines, and the round
-/// without drafts is a one-token window.
+/// forward over the drafts alone; the accept walk is the same. (Not for sources with tap
+/// layers, whose windows must be one forward.) A source that expects its next round to be
+/// worth a whole window declines, and the round without drafts is a one-token window.
 ///
 /// Under exact-match acceptance the window's tokens are sampled with its forward, in one
 /// evaluation, and read at once; the phases of each round are timed into
@@ -308,6 +306,7 @@ pub fn run(
     let mut committed = prompt.to_vec();
     let mut pending = last;
     let mut feed = vec![last];
+    let pipelined = tap_layers.is_empty();
     // The queued forward of `pending` (in the cache already), when the last round drafted
     // nothing.
     let mut ahead: Option<Ahead> = None;
@@ -323,17 +322,16 @@ pub fn run(
         let drafts = checked_drafts(source, &feed, n, step, target.config.vocab_size, &mut stats)?;
         let d = drafts.len();
         let round = Instant::now();
-        let pipeline = d > 0 || source.pipeline_plain_steps();
+        let pipeline = pipelined && (d > 0 || source.pipeline_plain_steps());
         if d == 0 && pipeline && ahead.is_none() {
-            let input = ids(&[pending]).context(|| "ids".into())?;
-            ahead = Some(Ahead::queue(target, &mut cache, &input, &tap_layers, params, step)?);
+            ahead = Some(Ahead::queue(target, &mut cache, &ids(&[pending]).context(|| "ids".into())?, params, step)?);
             in_cache.push(pending);
         }
         let head = ahead.take();
         if let (0, Some(head)) = (d, &head) {
             // A plain step: queue the next one (on the lazy token) before reading this one.
             if step + 1 < params.max_tokens && pipeline {
-                ahead = Some(Ahead::queue(target, &mut cache, &head.token, &tap_layers, params, step + 1)?);
+                ahead = Some(Ahead::queue(target, &mut cache, &head.token, params, step + 1)?);
             }
             let t = head.read(step)?;
             if ahead.is_some() {
@@ -358,7 +356,7 @@ pub fn run(
                 finish = walk.end.into();
                 break;
             }
-            commit(source, 0, 0, head.taps.as_deref(), &mut stats)?;
+            commit(source, 0, 0, None, &mut stats)?;
             (feed, pending) = (vec![t], t);
             continue;
         }
@@ -367,7 +365,7 @@ pub fn run(
         let first_row_step = step + usize::from(head.is_some());
         let sampling = (!rejection).then_some((&params.sampler, first_row_step));
         let verified = match &head {
-            Some(head) => verify_drafts(target, &mut cache, head, &drafts, &tap_layers, sampling, &mut stats.profile)?,
+            Some(_) => verify_drafts(target, &mut cache, &drafts, sampling, &mut stats.profile)?,
             None => {
                 in_cache.push(pending);
                 verify(target, &mut cache, pending, &drafts, &tap_layers, sampling, &mut stats.profile)?
@@ -726,38 +724,27 @@ pub(crate) fn checked_drafts(
 }
 
 /// A target forward of one token queued ahead (plain decoding's pipelined step): the input
-/// is in the cache, `logits` (`[1, 1, V]` float32) are its next-token logits, `token`
-/// (`[1, 1]` uint32) the request's lazily sampled token of its step and `taps` the hidden
-/// states after the source's tap layers (`[1, 1, H]` each; `None` without tap layers).
+/// is in the cache, `logits` (`[1, 1, V]` float32) are its next-token logits and `token`
+/// (`[1, 1]` uint32) the request's lazily sampled token of its step.
 struct Ahead {
     logits: Array,
     token: Array,
-    taps: Option<Vec<Array>>,
 }
 
 impl Ahead {
     /// Queues the forward of `input` (`[1, 1]` token ids, possibly lazy) and the sample of
-    /// step `step` with [`models::generate::queue_step`], as plain decoding does; with
-    /// `tap_layers`, through [`Transformer::forward_with_taps`] and the same sample.
+    /// step `step` with [`models::generate::queue_step`], as plain decoding does.
     fn queue(
         target: &Transformer,
         cache: &mut ModelCache,
         input: &Array,
-        tap_layers: &[usize],
         params: &GenerateParams,
         step: usize,
     ) -> Result<Self> {
         let what = || format!("target forward of the plain step {step}");
-        if tap_layers.is_empty() {
-            let models::generate::QueuedStep { logits, token } =
-                models::generate::queue_step(target, cache, input, params, step).context(what)?;
-            return Ok(Ahead { logits, token, taps: None });
-        }
-        let out = target.forward_with_taps(input, cache, tap_layers).context(what)?;
-        let logits = out.logits.astype(Dtype::Float32).context(what)?;
-        let token = params.sampler.sample_lazy(&logits, step).context(what)?.reshape(&[1, 1]).context(what)?;
-        mlx_core::async_eval(&[&token]).context(what)?;
-        Ok(Ahead { logits, token, taps: Some(out.taps) })
+        let models::generate::QueuedStep { logits, token } =
+            models::generate::queue_step(target, cache, input, params, step).context(what)?;
+        Ok(Ahead { logits, token })
     }
 
     /// The sampled token (waits for the forward).
@@ -808,36 +795,20 @@ fn verify(
     Ok(Verified { logits, taps, tokens })
 }
 
-/// The forward over `drafts` alone, after a queued `head` already put the window's first
-/// token into `cache`: logits `[1, d, V]` (evaluated), row `j` after draft `j`; with
-/// `tap_layers`, the window's taps `[1, d + 1, H]`: the head's row, then the drafts'.
+/// The forward over `drafts` alone, after a queued head already put the window's first
+/// token into `cache`: logits `[1, d, V]` (evaluated), row `j` after draft `j`.
 fn verify_drafts(
     target: &Transformer,
     cache: &mut ModelCache,
-    head: &Ahead,
     drafts: &[u32],
-    tap_layers: &[usize],
     sampling: RowSampling<'_>,
     profile: &mut RoundProfile,
 ) -> Result<Verified> {
     let what = || format!("target forward over the drafts {drafts:?}");
     let build = Instant::now();
-    let tokens = ids(drafts).context(what)?;
-    let (logits, taps) = match &head.taps {
-        None => (target.forward(&tokens, cache).context(what)?, None),
-        Some(head_taps) => {
-            let out = target.forward_with_taps(&tokens, cache, tap_layers).context(what)?;
-            let taps = head_taps
-                .iter()
-                .zip(&out.taps)
-                .map(|(h, d)| concatenate(&[h, d], 1))
-                .collect::<mlx_core::Result<Vec<_>>>()
-                .context(what)?;
-            (out.logits, Some(taps))
-        }
-    };
+    let logits = target.forward(&ids(drafts).context(what)?, cache).context(what)?;
     let tokens = evaluate_window(&logits, sampling, build, profile).context(what)?;
-    Ok(Verified { logits, taps, tokens })
+    Ok(Verified { logits, taps: None, tokens })
 }
 
 /// Evaluates a window's `logits` `[1, T, V]` and, with `sampling`, the request's token at

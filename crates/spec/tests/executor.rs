@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use common::{plain, spec_run};
-use mlx_core::{Array, concatenate};
-use models::generate::ids;
+use mlx_core::Array;
 use models::{GenerateParams, LayerCache, LoadOptions, ModelCache, Sampler, Transformer, load_model};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -526,21 +525,14 @@ impl DraftSource for CountingGarbage {
 }
 
 /// A source asking for target taps gets `[1, n-1, H]` at prefill and `[1, d+1, H]` per
-/// round, and the output does not change. Its rounds without drafts run pipelined (the next
-/// head queued before the token is read), and a window drafted after one is split into the
-/// queued head and a forward over the drafts; either way the committed rows (prefill, then
-/// rows `0..=accepted` of each round) are the taps one forward over the committed tokens
-/// computes.
+/// round, and the output does not change.
 #[test]
 fn taps_reach_the_source() {
     struct Tapping {
         inner: NgramSource,
         hidden: usize,
         seen: Vec<(usize, Vec<Vec<i32>>)>,
-        /// Per tap layer, the committed rows so far.
-        rows: Vec<Vec<Array>>,
         last: usize,
-        rounds: usize,
     }
     impl DraftSource for Tapping {
         fn name(&self) -> &str {
@@ -552,26 +544,19 @@ fn taps_reach_the_source() {
         fn prefill(&mut self, p: &[u32], taps: Option<&[Array]>) -> spec::Result<()> {
             let taps = taps.expect("prefill taps for a multi-token prompt");
             assert_eq!(taps.len(), 2);
-            for (t, rows) in taps.iter().zip(&mut self.rows) {
+            for t in taps {
                 assert_eq!(t.shape(), vec![1, p.len() as i32 - 1, self.hidden as i32]);
-                rows.push(t.clone());
             }
             self.inner.prefill(p, None)
         }
         fn draft(&mut self, f: &[u32], n: usize, s: usize) -> spec::Result<Vec<u32>> {
-            // every third round drafts nothing
-            let ask = if self.rounds % 3 == 0 { 0 } else { n };
-            self.rounds += 1;
-            let d = self.inner.draft(f, ask, s)?;
+            let d = self.inner.draft(f, n, s)?;
             self.last = d.len();
             Ok(d)
         }
         fn commit(&mut self, drafted: usize, accepted: usize, taps: Option<&[Array]>) -> spec::Result<()> {
             let taps = taps.expect("window taps");
             self.seen.push((drafted, taps.iter().map(|t| t.shape()).collect()));
-            for (t, rows) in taps.iter().zip(&mut self.rows) {
-                rows.push(t.slice_axis(1, 0, accepted as i32 + 1).unwrap());
-            }
             assert_eq!(drafted, self.last);
             self.inner.commit(drafted, accepted, None)
         }
@@ -579,14 +564,12 @@ fn taps_reach_the_source() {
     let target = load(TARGET);
     let hidden = target.config.hidden_size;
     let prompt = [4, 5, 6, 4, 5, 6, 4, 5];
-    let params = GenerateParams { max_tokens: 40, sampler: Sampler::default(), eos: vec![] };
+    let params = GenerateParams { max_tokens: 20, sampler: Sampler::default(), eos: vec![] };
     let mut src = Tapping {
         inner: NgramSource::new(3, 1).unwrap().with_schedule(DraftSchedule::Constant),
         hidden,
         seen: vec![],
-        rows: vec![Vec::new(), Vec::new()],
         last: 0,
-        rounds: 0,
     };
     let (got, stats) = spec_run(&target, &mut src, &prompt, &params, 5);
     assert_eq!(got, plain(&target, &prompt, &params));
@@ -594,25 +577,6 @@ fn taps_reach_the_source() {
     assert!(!src.seen.is_empty());
     for (d, shapes) in &src.seen {
         assert_eq!(shapes, &vec![vec![1, *d as i32 + 1, hidden as i32]; 2]);
-    }
-    let split = src.seen.windows(2).filter(|w| w[0].0 == 0 && w[1].0 > 0).count();
-    assert!(
-        stats.pipelined_steps > 0 && split > 0,
-        "pipelined {} split {split}: {:?}",
-        stats.pipelined_steps,
-        src.seen
-    );
-
-    // The committed rows against one forward over the committed tokens.
-    let committed: Vec<u32> = prompt.iter().chain(&got).copied().collect();
-    let n = src.rows[0].iter().map(|r| r.shape()[1]).sum::<i32>() as usize;
-    let mut cache = target.make_cache();
-    let whole = target.forward_with_taps(&ids(&committed[..n]).unwrap(), &mut cache, &[1, 0]).unwrap().taps;
-    for (rows, want) in src.rows.iter().zip(&whole) {
-        let have = concatenate(&rows.iter().collect::<Vec<_>>(), 1).unwrap();
-        assert_eq!(have.shape(), want.shape());
-        let err = have.subtract(want).unwrap().abs().unwrap().max(&[], false).unwrap().item().unwrap();
-        assert!(err <= 1e-4, "committed taps differ from one forward's by {err}");
     }
 }
 
