@@ -265,8 +265,8 @@ fn a_drafter_initialised_from_the_target_copies_its_last_layers_and_selects_the_
 
 /// The objective's weights are run settings: a run with `ce_loss_alpha` 1 and
 /// `l1_loss_alpha` 0 reports a loss of exactly its cross entropy plus its confidence term;
-/// negative or all-zero weights are refused naming both; a resume with other weights is
-/// refused naming the field.
+/// negative, non-finite or all-zero weights are refused naming both, before the work
+/// directory is created; a resume with other weights is refused naming them.
 #[test]
 fn the_objectives_weights_are_settings_checked_on_open_and_resume() {
     let (tmp, target_dir, target, config, samples) = tiny_target_and_samples();
@@ -295,5 +295,6 @@ fn the_objectives_weights_are_settings_checked_on_open_and_resume() {
         let dir = tmp.path().join("bad");
         let err = Run::open(&dir, &out, cfg.clone(), weights.clone(), bad).err().expect("bad weights").to_string();
         assert!(err.contains("ce_loss_alpha") && err.contains("l1_loss_alpha"), "{err}");
+        assert!(!dir.exists(), "a refused run created its work directory");
     }
 }
