@@ -58,6 +58,24 @@ pub struct RunSettings {
     pub l1_loss_alpha: f32,
 }
 
+impl RunSettings {
+    /// The objective these settings train with: [`DSparkLoss`] with `ce_loss_alpha` and
+    /// `l1_loss_alpha`, DeepSpec's other weights (confidence 1, position decay 4).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming both weights when one is negative or not finite, or both
+    /// are 0.
+    pub fn loss(&self) -> Result<DSparkLoss> {
+        let (ce, l1) = (self.ce_loss_alpha, self.l1_loss_alpha);
+        if [ce, l1].iter().any(|a| !a.is_finite() || *a < 0.0) || (ce == 0.0 && l1 == 0.0) {
+            let message =
+                format!("ce_loss_alpha {ce} and l1_loss_alpha {l1}: expected finite weights >= 0, not both 0");
+            return Err(Error::Config { setting: "loss weights", message });
+        }
+        Ok(DSparkLoss { ce_alpha: ce, l1_alpha: l1, ..DSparkLoss::default() })
+    }
+}
+
 fn default_ce_alpha() -> f32 {
     DSparkLoss::default().ce_alpha
 }
@@ -152,7 +170,7 @@ impl Run {
     /// # Errors
     /// [`Error::State`] when `dir` holds a run with other settings (both named) or cannot be
     /// created; [`Error::Drafter`] for a config the drafter refuses; [`Error::Config`] (before
-    /// anything is created) for loss weights that are negative, not finite or both 0.
+    /// anything is created) for loss weights [`RunSettings::loss`] refuses.
     pub fn open(
         dir: &Path,
         out: &Path,
@@ -160,14 +178,7 @@ impl Run {
         mut weights: BTreeMap<String, Array>,
         settings: RunSettings,
     ) -> Result<Self> {
-        let alphas = [settings.ce_loss_alpha, settings.l1_loss_alpha];
-        if alphas.iter().any(|a| !a.is_finite() || *a < 0.0) || alphas.iter().all(|a| *a == 0.0) {
-            let message = format!(
-                "ce_loss_alpha {} and l1_loss_alpha {}: expected finite weights >= 0, not both 0",
-                settings.ce_loss_alpha, settings.l1_loss_alpha
-            );
-            return Err(Error::Config { setting: "loss weights", message });
-        }
+        let loss = settings.loss()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::State { path: dir.into(), message: e.to_string() })?;
         let raw = serde_json::from_value(config_json.clone())
             .map_err(|e| Error::Config { setting: "drafter config", message: e.to_string() })?;
@@ -230,11 +241,7 @@ impl Run {
             params,
             opt,
             schedule,
-            loss: DSparkLoss {
-                ce_alpha: settings.ce_loss_alpha,
-                l1_alpha: settings.l1_loss_alpha,
-                ..DSparkLoss::default()
-            },
+            loss,
             settings,
             step,
         })
