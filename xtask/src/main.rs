@@ -77,7 +77,8 @@ struct BenchGenerateArgs {
 
 #[derive(Subcommand)]
 enum BenchWhich {
-    /// Plain vs n-gram vs two-model speculative decoding (tokens/s, tau) on input-grounded
+    /// Plain vs suffix, n-gram and draft model (a small model: `two-model*` arms; a DSpark
+    /// checkpoint: `dspark*` arms) speculative decoding (tokens/s, tau) on input-grounded
     /// and free-form prompts, side by side in one run, and mlx-lm's plain and
     /// `--draft-model` decoding on the same prompts when `--python` is given.
     Spec(BenchSpecArgs),
@@ -95,7 +96,7 @@ struct BenchSpecArgs {
     /// Draft model directory (default: Qwen2.5-Coder-0.5B-Instruct).
     #[arg(long)]
     draft: Option<PathBuf>,
-    /// A second draft model for a second two-model arm (e.g. `mlx-spec quantize --q-bits 4`
+    /// A second draft model for second draft model arms (e.g. `mlx-spec quantize --q-bits 4`
     /// of the drafter); mlx-lm runs with `--draft` only.
     #[arg(long)]
     draft_b: Option<PathBuf>,
@@ -105,7 +106,7 @@ struct BenchSpecArgs {
     /// Tokens per prompt.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
-    /// Drafts per round of the two-model arms (n-gram uses 10).
+    /// Drafts per round of the draft model arms (n-gram uses 10).
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
     /// Compute dtype of both models.
@@ -133,7 +134,7 @@ struct BenchSpecArgs {
     #[arg(long, default_value_t = 0)]
     two_turn: usize,
     /// Keep only these spec_bench arms besides plain (comma-separated: suffix, suffix-fixed,
-    /// ngram, ngram-heur, two-model, two-model-adaptive, ...).
+    /// ngram, ngram-heur, two-model, two-model-adaptive, dspark-adaptive, dspark-b-adaptive, ...).
     #[arg(long)]
     arms: Option<String>,
     /// Runs of each prompt (arms interleaved, odd runs in reverse order).

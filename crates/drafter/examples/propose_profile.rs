@@ -49,9 +49,14 @@ fn main() {
         d.ingest(&mut ctx, &one).unwrap();
         mlx_core::eval(&ctx.state().iter().collect::<Vec<_>>()).unwrap();
     });
+    let many = random::normal(&[1, 17, width], Dtype::Float32, 0.0, 1.0, &key).unwrap();
+    let ingest17 = time(&mut || {
+        d.ingest(&mut ctx, &many).unwrap();
+        mlx_core::eval(&ctx.state().iter().collect::<Vec<_>>()).unwrap();
+    });
     println!(
         "{dir}: {rows} context rows; block forward {block:.3} ms, with the LM head {head:.3}, propose {propose:.3} ms \
-         (walk and confidence head {:.3}), ingest one row {ingest:.3} ms",
+         (walk and confidence head {:.3}), ingest one row {ingest:.3} ms, 17 rows {ingest17:.3} ms",
         propose - head
     );
 }

@@ -6,11 +6,12 @@
 //! plain decoding, the default drafter (`suffix`: the suffix drafter under the cost-aware
 //! length policy; `suffix-fixed`: every proposed token; both without the cross-request store,
 //! which would copy earlier runs of the same prompt), n-gram speculative decoding (γ 10,
-//! constant and heuristic schedules) and two-model speculative decoding (γ 3, and
-//! `two-model-adaptive`: the cost-aware policy up to γ 8; `--draft-b`, e.g. a 4-bit copy of
-//! the drafter, as a second two-model arm), interleaved per prompt (odd `--repeats` in reverse order) so machine
+//! constant and heuristic schedules) and the `--draft` model's speculative decoding (γ 3, and
+//! `-adaptive`: the cost-aware policy up to γ 8; the arms are `two-model*` for a small model,
+//! `dspark*` for a DSpark checkpoint; `--draft-b`, e.g. a 4-bit copy of the drafter, as a
+//! second such arm, `two-model-b*` / `dspark-b*`), interleaved per prompt (odd `--repeats` in reverse order) so machine
 //! noise hits every arm alike. With `--temp` above 0 every arm samples (prompt `i` with seed
-//! `i`; exact match keeps the outputs equal to plain decoding's), and each two-model arm gets
+//! `i`; exact match keeps the outputs equal to plain decoding's), and each draft model arm gets
 //! a `-greedy-draft` twin whose draft model picks the argmax instead of sampling with the
 //! request's keys, the drafting of earlier versions: the acceptance gained by coupled
 //! drafting, side by side. Reports per prompt kind the
@@ -59,10 +60,11 @@ struct Args {
     /// Target model directory, or `gemma3-270m` (fetched and imported on first use).
     #[arg(long)]
     target: PathBuf,
-    /// Draft model directory (the two-model arm is skipped without it).
+    /// Draft model directory: a small model (`two-model*` arms) or a DSpark checkpoint
+    /// (`dspark*` arms); those arms are skipped without it.
     #[arg(long)]
     draft: Option<PathBuf>,
-    /// A second draft model for a second two-model arm (`two-model-b`).
+    /// A second draft model for second draft model arms (`two-model-b*` / `dspark-b*`).
     #[arg(long)]
     draft_b: Option<PathBuf>,
     /// Prompt set (JSON lines, see `spec::prompts`).
@@ -233,47 +235,47 @@ fn main() -> Result<()> {
         ..DrafterArgs::default()
     };
     // (name, provider, drafts per round); "plain" is slot 0.
-    let mut providers: Vec<(&str, Box<dyn DraftProvider>, usize)> = Vec::new();
+    let mut providers: Vec<(String, Box<dyn DraftProvider>, usize)> = Vec::new();
     // The default drafter without its cross-request store: the repetitions of a prompt
     // (and the same prompt in other arms' runs) would otherwise be copied from earlier runs.
     for (name, adaptive) in [("suffix", true), ("suffix-fixed", false)] {
         let spec = DrafterSpec::Suffix(SuffixSpec { adaptive, store_requests: 0, ..SuffixSpec::default() });
         let LoadedDrafter { provider, num_draft_tokens } = spec.load(draft_target)?.context("a drafter")?;
-        providers.push((name, provider, num_draft_tokens));
+        providers.push((name.into(), provider, num_draft_tokens));
     }
     for (name, schedule) in [("ngram", DraftSchedule::Constant), ("ngram-heur", DraftSchedule::Heuristic)] {
         let (provider, n) = build(ngram(schedule), DraftSampling::default())?;
-        providers.push((name, provider, n));
+        providers.push((name.into(), provider, n));
     }
     let sampled = a.temp > 0.0;
-    for (name, greedy_name, adaptive_name, dir) in [
-        ("two-model", "two-model-greedy-draft", "two-model-adaptive", &a.draft),
-        ("two-model-b", "two-model-b-greedy-draft", "two-model-b-adaptive", &a.draft_b),
-    ] {
+    for (b, dir) in [("", &a.draft), ("-b", &a.draft_b)] {
         if let Some(dir) = dir {
+            // A DSpark checkpoint's arms are `dspark*`, a small model's `two-model*`.
+            let kind = if spec::providers::is_dspark_dir(dir) { "dspark" } else { "two-model" };
+            let name = format!("{kind}{b}");
             let (provider, n) = build(model(dir), DraftSampling::Request)?;
-            providers.push((name, provider, n));
+            providers.push((name.clone(), provider, n));
             let adaptive = DrafterArgs {
                 draft_length: Some(DraftLength::Adaptive),
                 num_draft_tokens: Some(a.num_draft_tokens.max(8)),
                 ..model(dir)
             };
             let (provider, n) = build(adaptive, DraftSampling::Request)?;
-            providers.push((adaptive_name, provider, n));
+            providers.push((format!("{name}-adaptive"), provider, n));
             if sampled {
                 let (provider, n) = build(model(dir), DraftSampling::Greedy)?;
-                providers.push((greedy_name, provider, n));
+                providers.push((format!("{name}-greedy-draft"), provider, n));
             }
         }
     }
     if a.fallback_arm {
-        providers.push(("fallback", Box::new(OneDraft), 1));
+        providers.push(("fallback".into(), Box::new(OneDraft), 1));
     }
     if let Some(keep) = &a.arms {
-        if let Some(bad) = keep.iter().find(|k| !providers.iter().any(|p| p.0 == k.as_str())) {
-            bail!("--arms: no arm {bad} (arms: {:?})", providers.iter().map(|p| p.0).collect::<Vec<_>>());
+        if let Some(bad) = keep.iter().find(|k| !providers.iter().any(|p| &p.0 == *k)) {
+            bail!("--arms: no arm {bad} (arms: {:?})", providers.iter().map(|p| &p.0).collect::<Vec<_>>());
         }
-        providers.retain(|p| keep.iter().any(|k| k == p.0));
+        providers.retain(|p| keep.contains(&p.0));
     }
     // The target's cost curve (measured once, or read from the cache the default drafter
     // shares) for the predicted ratios.
@@ -283,7 +285,7 @@ fn main() -> Result<()> {
     let sampler = Sampler { temp: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, seed: 0 };
     let base = GenerateParams { max_tokens: a.max_tokens, sampler, eos: tok.eos_ids().to_vec() };
 
-    let arms: Vec<&str> = std::iter::once("plain").chain(providers.iter().map(|p| p.0)).collect();
+    let arms: Vec<&str> = std::iter::once("plain").chain(providers.iter().map(|p| p.0.as_str())).collect();
     let mut rows = Vec::new();
     let mut totals: Vec<(PromptKind, Vec<Arm>)> = Vec::new();
     for kind in [PromptKind::Grounded, PromptKind::Free] {

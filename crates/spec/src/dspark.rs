@@ -18,6 +18,11 @@
 //!   its taps at window positions `0 ..= a` (the anchor and the accepted drafts) are now
 //!   committed and become exactly `a + 1` new context rows. The bonus or correction token
 //!   is the next anchor; its hidden state arrives with the next verify.
+//!
+//! Committed rows are queued, not projected at once: the queue joins the context in one
+//! pass (`fc` and each layer's K/V over all its rows, so the weights are read once) before
+//! the next block, a snapshot, or when it holds [`FLUSH_ROWS`] rows. Rounds that draw no
+//! block (the cost-aware policy's plain rounds) then cost the target's step alone.
 use std::sync::{Arc, Mutex};
 
 use drafter::{DraftContext, Drafter};
@@ -45,6 +50,10 @@ struct BlockPolicy {
 
 /// Weight of a new block time in [`BlockPolicy::block_ms`]'s running average.
 const BLOCK_MS_WEIGHT: f64 = 0.2;
+
+/// Queued context rows that join the context without waiting for a block (bounds the taps
+/// a source holds on to between blocks).
+const FLUSH_ROWS: usize = 64;
 
 /// Holds a loaded [`Drafter`] and opens a [`DSparkSource`] per request.
 pub struct DSparkProvider {
@@ -192,6 +201,11 @@ pub struct DSparkSource<'a> {
     /// Draws each block slot ([`Drafter::propose_sampled`]); greedy by default.
     sampler: Sampler,
     ctx: DraftContext,
+    /// Committed rows not yet in `ctx`, oldest first: each entry's taps (`[1, >= rows, H]`
+    /// per tap layer) and its rows (see the module docs).
+    queued: Vec<(Vec<Array>, usize)>,
+    /// The rows of `queued`, together.
+    queued_rows: usize,
     prompt_len: usize,
     last_drafts: Vec<u32>,
     /// The Markov-corrected logits `[1, B, V]` of the last block, when sampling.
@@ -228,6 +242,8 @@ impl<'a> DSparkSource<'a> {
             confidence_threshold: provider.confidence_threshold,
             sampler: Sampler::default(),
             ctx: d.new_context(),
+            queued: Vec::new(),
+            queued_rows: 0,
             prompt_len: 0,
             last_drafts: Vec::new(),
             last_logits: None,
@@ -246,9 +262,18 @@ impl<'a> DSparkSource<'a> {
         self
     }
 
-    /// The drafter's context (rows ingested so far and their K/V).
-    pub fn context(&self) -> &DraftContext {
-        &self.ctx
+    /// The drafter's context (every committed row and its K/V; queued rows join it first).
+    ///
+    /// # Errors
+    /// MLX failures of the queued rows' pass.
+    pub fn context(&mut self) -> Result<&DraftContext> {
+        self.flush()?;
+        Ok(&self.ctx)
+    }
+
+    /// Context rows committed so far, queued ones included.
+    fn rows(&self) -> usize {
+        self.ctx.len() + self.queued_rows
     }
 
     fn contract(&self, message: String) -> Error {
@@ -297,17 +322,61 @@ impl<'a> DSparkSource<'a> {
         ratings.len()
     }
 
-    /// Concatenates window rows `0 .. rows` of each tap into `[1, rows, T*H]` and appends
-    /// them to the context.
-    fn ingest(&mut self, taps: &[Array], rows: usize, what: &str) -> Result<()> {
-        let ctx_what = || format!("drafter `{}` ingesting {rows} context rows ({what})", self.name);
-        let parts: Vec<Array> =
-            taps.iter().map(|t| t.slice_axis(1, 0, rows as i32)).collect::<mlx_core::Result<_>>().context(ctx_what)?;
-        if let Some(bad) = parts.iter().find(|p| p.shape().get(1) != Some(&(rows as i32))) {
+    /// Queues window rows `0 .. rows` of each tap (`[1, >= rows, H]` each) as the next
+    /// context rows; they join the context at the next [`DSparkSource::flush`], which runs
+    /// here once [`FLUSH_ROWS`] rows wait.
+    fn queue(&mut self, taps: &[Array], rows: usize, what: &str) -> Result<()> {
+        let expected = self.drafter.target_layer_ids().len();
+        if taps.len() != expected {
+            return Err(self.contract(format!("{what}: {} tap arrays for {expected} tap layers", taps.len())));
+        }
+        if let Some(bad) = taps.iter().find(|t| t.shape().get(1).is_none_or(|&n| n < rows as i32)) {
             return Err(self.contract(format!("{what}: a tap of shape {:?} holds fewer than {rows} rows", bad.shape())));
         }
-        let feats = self.drafter.concat_taps(&parts).context(ctx_what)?;
-        self.drafter.ingest(&mut self.ctx, &feats).context(ctx_what)
+        if rows > 0 {
+            self.queued.push((taps.to_vec(), rows));
+            self.queued_rows += rows;
+        }
+        if self.queued_rows >= FLUSH_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Appends the queued rows to the context in one pass: per tap layer, its rows of every
+    /// queued window joined, then `[1, rows, T*H]` through [`Drafter::ingest`]. Lazy.
+    fn flush(&mut self) -> Result<()> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        let rows = self.queued_rows;
+        let what = || format!("drafter `{}` ingesting {rows} context rows", self.name);
+        let per_tap = (0..self.drafter.target_layer_ids().len())
+            .map(|i| {
+                let parts = self
+                    .queued
+                    .iter()
+                    .map(|(taps, n)| taps[i].slice_axis(1, 0, *n as i32))
+                    .collect::<mlx_core::Result<Vec<_>>>()?;
+                match parts.as_slice() {
+                    [one] => Ok(one.clone()),
+                    _ => mlx_core::concatenate(&parts.iter().collect::<Vec<_>>(), 1),
+                }
+            })
+            .collect::<mlx_core::Result<Vec<_>>>()
+            .context(what)?;
+        let feats = self.drafter.concat_taps(&per_tap).context(what)?;
+        self.drafter.ingest(&mut self.ctx, &feats).context(what)?;
+        self.queued.clear();
+        self.queued_rows = 0;
+        Ok(())
+    }
+
+    /// Forgets the context and the queue.
+    fn reset_context(&mut self, ctx: DraftContext) {
+        self.ctx = ctx;
+        self.queued.clear();
+        self.queued_rows = 0;
     }
 }
 
@@ -330,13 +399,13 @@ impl DraftSource for DSparkSource<'_> {
         if prompt.is_empty() {
             return Err(Error::Invalid("an empty prompt".into()));
         }
-        self.ctx = self.drafter.new_context();
+        self.reset_context(self.drafter.new_context());
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
         self.last_logits = None;
         let rows = prompt.len() - 1;
         match taps {
-            Some(taps) => self.ingest(taps, rows, "prefill")?,
+            Some(taps) => self.queue(taps, rows, "prefill")?,
             None if rows == 0 => {}
             None => return Err(self.contract(format!("prefill of a {}-token prompt without taps", prompt.len()))),
         }
@@ -348,11 +417,11 @@ impl DraftSource for DSparkSource<'_> {
             return Err(self.contract(format!("empty feed at step {step}")));
         };
         let start = self.prompt_len - 1 + step;
-        if self.ctx.len() != start {
+        if self.rows() != start {
             return Err(self.contract(format!(
                 "at step {step} the anchor sits at position {start} (prompt {} + {step} - 1), but the drafter's context holds {} rows",
                 self.prompt_len,
-                self.ctx.len()
+                self.rows()
             )));
         }
         self.last_drafts.clear();
@@ -362,7 +431,12 @@ impl DraftSource for DSparkSource<'_> {
         if n == 0 || self.policy.as_mut().is_some_and(|p| !p.draw_block(n)) {
             return Ok(Vec::new());
         }
+        self.flush()?;
         let what = || format!("drafter `{}` block for anchor {anchor} at position {start}", self.name);
+        if self.policy.is_some() {
+            // Queued rows join the context whether or not blocks are drawn: not a block's cost.
+            mlx_core::eval(&self.ctx.state().iter().collect::<Vec<_>>()).context(what)?;
+        }
         let started = std::time::Instant::now();
         let p = self.drafter.propose_sampled(&mut self.ctx, anchor, self.confidence_threshold, &self.sampler, step);
         let p = p.context(what)?;
@@ -420,6 +494,7 @@ impl DraftSource for DSparkSource<'_> {
     /// The drafter's context rows (a [`DraftContext`] copy sharing the arrays) for the first
     /// `min(tokens, rows ingested)` tokens.
     fn snapshot(&mut self, tokens: usize) -> Result<Option<(usize, DraftSnapshot)>> {
+        self.flush()?;
         let mut ctx = self.ctx.clone();
         ctx.truncate(tokens);
         Ok(Some((ctx.len(), Box::new(ctx))))
@@ -446,13 +521,13 @@ impl DraftSource for DSparkSource<'_> {
             };
         };
         ctx.truncate(cached);
-        self.ctx = *ctx;
+        self.reset_context(*ctx);
         self.prompt_len = prompt.len();
         self.last_drafts.clear();
         self.last_logits = None;
         let rows = prompt.len() - 1 - cached;
         match taps {
-            Some(taps) if rows > 0 => self.ingest(taps, rows, "resume"),
+            Some(taps) if rows > 0 => self.queue(taps, rows, "resume"),
             None if rows == 0 => Ok(()),
             _ => Err(self.contract(format!("resume of {rows} new prompt rows with taps {:?}", taps.map(<[_]>::len)))),
         }
@@ -466,7 +541,7 @@ impl DraftSource for DSparkSource<'_> {
         let Some(taps) = taps else {
             return Err(self.contract(format!("commit({drafted}, {accepted}) without the verify window's taps")));
         };
-        self.ingest(taps, accepted + 1, "commit")?;
+        self.queue(taps, accepted + 1, "commit")?;
         if let Some(SourcePolicy { acceptance, .. }) = &self.policy {
             let mut acc = acceptance.lock().expect("acceptance lock");
             for (j, &rating) in self.last_ratings.iter().enumerate().take(accepted + 1) {

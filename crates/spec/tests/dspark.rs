@@ -183,30 +183,65 @@ fn context_holds_exactly_the_committed_rows() {
 fn context_rows(family: Family) {
     let p = pair(family, &[("bf16", None)]);
     let provider = &p.drafters[0].1;
-    let d = provider.drafter();
     let prompt = PROMPTS[3];
     let params = GenerateParams { max_tokens: 30, sampler: Sampler::default(), eos: vec![] };
     let mut source = DSparkSource::new(provider, &p.target).unwrap();
     let (out, stats) = spec_run(&p.target, &mut source, prompt, &params, BLOCK_SIZE);
     assert!(stats.rounds > 2);
-    let rows = source.context().len();
+    let rows = source.context().unwrap().len();
     let committed: Vec<u32> = prompt.iter().chain(&out).copied().collect();
     // Every round but the last committed its anchor and accepted drafts.
     assert!(rows >= prompt.len() - 1 && rows < committed.len(), "{rows} rows for {} committed", committed.len());
 
+    assert_context_is_one_pass(&p, &mut source, &committed[..rows], &format!("{family:?}"));
+}
+
+/// The drafter context of `source` equals (1e-4) the one a fresh context gets from one
+/// target pass over `tokens`.
+fn assert_context_is_one_pass(p: &Pair, source: &mut DSparkSource<'_>, tokens: &[u32], what: &str) {
+    let d = p.drafters[0].1.drafter();
     let mut cache = p.target.make_cache();
     let taps: Vec<usize> = d.target_layer_ids().iter().map(|&l| l as usize).collect();
-    let fwd = p.target.forward_with_taps(&ids(&committed[..rows]).unwrap(), &mut cache, &taps).unwrap();
+    let fwd = p.target.forward_with_taps(&ids(tokens).unwrap(), &mut cache, &taps).unwrap();
     let mut fresh = d.new_context();
     d.ingest(&mut fresh, &d.concat_taps(&fwd.taps).unwrap()).unwrap();
+    let ctx = source.context().unwrap();
+    assert_eq!(ctx.len(), tokens.len(), "{what}");
     for layer in 0..d.config().num_layers {
-        let (k, v) = source.context().layer_kv(layer).unwrap().unwrap();
+        let (k, v) = ctx.layer_kv(layer).unwrap().unwrap();
         let (fk, fv) = fresh.layer_kv(layer).unwrap().unwrap();
-        for (a, b, what) in [(&k, &fk, "K"), (&v, &fv, "V")] {
+        for (a, b, name) in [(&k, &fk, "K"), (&v, &fv, "V")] {
             let diff = a.subtract(b).unwrap().abs().unwrap().max(&[], false).unwrap().item().unwrap();
-            assert!(diff < 1e-4, "{family:?} layer {layer} {what}: max |diff| {diff} against a fresh pass");
+            assert!(diff < 1e-4, "{what} layer {layer} {name}: max |diff| {diff} against a fresh pass");
         }
     }
+}
+
+/// Rounds that draw no block only queue their rows: the rows of several such rounds join
+/// the context together, before the next block, and it equals one target pass over the
+/// committed tokens; a block drawn then still sits at the right position.
+#[test]
+fn rows_of_rounds_without_a_block_join_the_context_before_the_next() {
+    let p = pair(Family::Qwen3, &[("bf16", None)]);
+    let provider = &p.drafters[0].1;
+    let taps: Vec<usize> = provider.drafter().target_layer_ids().iter().map(|&l| l as usize).collect();
+    let prompt = PROMPTS[3];
+    let mut cache = p.target.make_cache();
+    let head = p.target.forward_with_taps(&ids(&prompt[..prompt.len() - 1]).unwrap(), &mut cache, &taps).unwrap();
+    let mut source = DSparkSource::new(provider, &p.target).unwrap();
+    source.prefill(prompt, Some(&head.taps)).unwrap();
+    // Plain rounds: no drafts asked for, the anchor committed with its one-token window's taps.
+    let mut committed = prompt.to_vec();
+    for step in 0..5 {
+        let anchor = *committed.last().unwrap();
+        assert!(source.draft(&[anchor], 0, step).unwrap().is_empty());
+        let window = p.target.forward_with_taps(&ids(&[anchor]).unwrap(), &mut cache, &taps).unwrap();
+        source.commit(0, 0, Some(&window.taps)).unwrap();
+        committed.push(40 + step as u32);
+    }
+    let drafts = source.draft(&[*committed.last().unwrap()], BLOCK_SIZE, 5).unwrap();
+    assert!(!drafts.is_empty());
+    assert_context_is_one_pass(&p, &mut source, &committed[..committed.len() - 1], "after 5 plain rounds");
 }
 
 /// A confidence threshold truncates blocks (never lengthens them) and stays lossless.
