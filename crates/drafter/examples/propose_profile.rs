@@ -24,6 +24,9 @@ fn main() {
     let mut ctx = d.new_context();
     d.ingest(&mut ctx, &random::normal(&[1, rows, width], Dtype::Float32, 0.0, 1.0, &key).unwrap()).unwrap();
     mlx_core::eval(&ctx.state().iter().collect::<Vec<_>>()).unwrap();
+    let first = Instant::now();
+    d.propose(&mut ctx, 17, 0.0).unwrap();
+    let first = first.elapsed().as_secs_f64() * 1e3;
     let time = |f: &mut dyn FnMut()| {
         let mut v = Vec::new();
         for _ in 0..100 {
@@ -55,7 +58,7 @@ fn main() {
         mlx_core::eval(&ctx.state().iter().collect::<Vec<_>>()).unwrap();
     });
     println!(
-        "{dir}: {rows} context rows; block forward {block:.3} ms, with the LM head {head:.3}, propose {propose:.3} ms \
+        "{dir}: {rows} context rows; first propose {first:.1} ms; block forward {block:.3} ms, with the LM head {head:.3}, propose {propose:.3} ms \
          (walk and confidence head {:.3}), ingest one row {ingest:.3} ms, 17 rows {ingest17:.3} ms",
         propose - head
     );

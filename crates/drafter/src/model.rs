@@ -65,8 +65,8 @@ pub struct Drafter {
     draft_vocab: Option<(Array, Vec<u32>)>,
     rope: Rope,
     quantized: Vec<String>,
-    /// The Markov and confidence heads on the host, for greedy f32 draft calls (built on the
-    /// first one).
+    /// The Markov and confidence heads on the host, for greedy f32 draft calls (built by
+    /// [`Drafter::load`]; on the first such call for a drafter built from weights).
     host_heads: OnceLock<HostHeads>,
 }
 
@@ -173,7 +173,11 @@ impl Drafter {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
         // DeepSpec writes one `model.safetensors`, shards come with an index: mlx-lm's rule
         // (`models::weights::weight_files`), which leaves `cases.safetensors` and the like.
-        Self::from_weights(DrafterConfig::from_dir(dir)?, Weights::load(dir)?, options)
+        let d = Self::from_weights(DrafterConfig::from_dir(dir)?, Weights::load(dir)?, options)?;
+        // The host copies of the heads that greedy f32 draft calls walk on (walk.rs) are made
+        // here, not in the first draft call, whose time the cost-aware policy measures.
+        d.host_heads(&Sampler::default())?;
+        Ok(d)
     }
 
     /// Builds the drafter of `config` from `weights` (DeepSpec's tensor names), as

@@ -43,9 +43,19 @@ const BLOCK_KEY: SurvivalKey = SurvivalKey { origin: Origin::Model, bucket: 4, c
 struct BlockPolicy {
     target: CostModel,
     acceptance: Arc<Mutex<AcceptanceModel>>,
-    /// Milliseconds of one block (the drafter's pass and Markov head), averaged over the
-    /// provider's timed blocks; `None` before the first.
-    block_ms: Arc<Mutex<Option<f64>>>,
+    /// Milliseconds of one block (the drafter's pass and Markov head).
+    block_ms: Arc<Mutex<BlockTime>>,
+}
+
+/// The drafter's time per block, milliseconds: a running average over the provider's timed
+/// blocks except the first, which pays one-time costs (MLX's first evaluation of the
+/// drafter's graph and its weights' conversion to the compute dtype: 8-80 ms against 1-3 ms
+/// for a 2-layer SmolLM2-135M drafter) that would keep the policy from drawing blocks for
+/// hundreds of rounds.
+#[derive(Debug, Default)]
+struct BlockTime {
+    warmed_up: bool,
+    ms: Option<f64>,
 }
 
 /// Weight of a new block time in [`BlockPolicy::block_ms`]'s running average.
@@ -111,8 +121,10 @@ impl DSparkProvider {
     /// target's step, no block is drawn (a plain round, the drafter's pass saved) when
     /// [`crate::policy::choose`] with a cost of `c` for any `k > 0` drafts picks none;
     /// after [`crate::two_model::PROBE_AFTER_PLAIN_ROUNDS`] such rounds in a row one block
-    /// is drawn whatever the estimate, so the estimates can recover. The choice uses earlier
-    /// rounds only (a stopping time).
+    /// (a probe) is drawn whatever the estimate, so the estimates can recover. Each probe
+    /// after which blocks still do not pay doubles the plain rounds before the next, up to
+    /// [`MAX_PROBE_AFTER_PLAIN_ROUNDS`] (a probe costs a block and its window); a block that
+    /// pays resets it. The choice uses earlier rounds only (a stopping time).
     pub fn with_policy(mut self, target: CostModel) -> Self {
         self.policy = Some(BlockPolicy { target, acceptance: Arc::default(), block_ms: Arc::default() });
         self
@@ -140,6 +152,7 @@ impl DraftProvider for DSparkProvider {
                 acceptance: p.acceptance.clone(),
                 block_ms: p.block_ms.clone(),
                 plain_rounds: 0,
+                probe_after: crate::two_model::PROBE_AFTER_PLAIN_ROUNDS,
             });
         }
         Ok(Box::new(source))
@@ -151,32 +164,42 @@ impl DraftProvider for DSparkProvider {
             "policy": "cost-aware",
             "cost_curve": p.target.current()?.describe(),
             "survival": p.acceptance.lock().ok()?.describe(),
-            "block_ms": *p.block_ms.lock().ok()?,
+            "block_ms": p.block_ms.lock().ok()?.ms,
         }))
     }
 }
 
+/// The most plain rounds in a row before a probe block, after probes that found blocks
+/// still not worth drawing ([`DSparkProvider::with_policy`]).
+pub const MAX_PROBE_AFTER_PLAIN_ROUNDS: usize = 4 * crate::two_model::PROBE_AFTER_PLAIN_ROUNDS;
+
 /// A source's share of the [`BlockPolicy`]: the target's curve, the provider's estimates and
-/// block time, and the rounds in a row that drew no block.
+/// block time, the rounds in a row that drew no block, and how many such rounds the next
+/// probe waits for.
 struct SourcePolicy {
     curve: CostCurve,
     acceptance: Arc<Mutex<AcceptanceModel>>,
-    block_ms: Arc<Mutex<Option<f64>>>,
+    block_ms: Arc<Mutex<BlockTime>>,
     plain_rounds: usize,
+    probe_after: usize,
 }
 
 impl SourcePolicy {
     /// Whether a round of up to `n` drafts should draw a block (see
     /// [`DSparkProvider::with_policy`]); counts the rounds that do not.
     fn draw_block(&mut self, n: usize) -> bool {
-        let cost = match *self.block_ms.lock().expect("block time lock") {
+        let cost = match self.block_ms.lock().expect("block time lock").ms {
             Some(ms) if self.curve.step_ms > 0.0 && self.curve.batch.is_none() => ms / self.curve.step_ms,
             _ => return true,
         };
         let survival = self.acceptance.lock().expect("acceptance lock").survival(BLOCK_KEY, n);
         let worth = crate::policy::choose(&self.curve, &survival, |k| if k > 0 { cost } else { 0.0 }) > 0;
-        if worth || self.plain_rounds >= crate::two_model::PROBE_AFTER_PLAIN_ROUNDS {
+        if worth {
+            (self.plain_rounds, self.probe_after) = (0, crate::two_model::PROBE_AFTER_PLAIN_ROUNDS);
+            true
+        } else if self.plain_rounds >= self.probe_after {
             self.plain_rounds = 0;
+            self.probe_after = (2 * self.probe_after).min(MAX_PROBE_AFTER_PLAIN_ROUNDS);
             true
         } else {
             self.plain_rounds += 1;
@@ -184,10 +207,12 @@ impl SourcePolicy {
         }
     }
 
-    /// Adds a block's time to the provider's average.
+    /// Adds a block's time to the provider's average (the provider's first block only warms up).
     fn time_block(&self, ms: f64) {
-        let mut avg = self.block_ms.lock().expect("block time lock");
-        *avg = Some(avg.map_or(ms, |a| a + BLOCK_MS_WEIGHT * (ms - a)));
+        let mut t = self.block_ms.lock().expect("block time lock");
+        if std::mem::replace(&mut t.warmed_up, true) {
+            t.ms = Some(t.ms.map_or(ms, |a| a + BLOCK_MS_WEIGHT * (ms - a)));
+        }
     }
 }
 
@@ -577,22 +602,30 @@ mod tests {
         SourcePolicy {
             curve,
             acceptance: Arc::new(Mutex::new(acc)),
-            block_ms: Arc::new(Mutex::new(block_ms)),
+            block_ms: Arc::new(Mutex::new(BlockTime { warmed_up: true, ms: block_ms })),
             plain_rounds: 0,
+            probe_after: crate::two_model::PROBE_AFTER_PLAIN_ROUNDS,
         }
     }
 
     #[test]
     fn a_block_is_drawn_only_while_it_pays_for_its_drafter_pass() {
         // Blocks that are always rejected and cost half a target step: no block, except
-        // one probe after PROBE_AFTER_PLAIN_ROUNDS plain rounds.
+        // probes, the first after PROBE_AFTER_PLAIN_ROUNDS plain rounds, each next after
+        // twice as many, up to MAX_PROBE_AFTER_PLAIN_ROUNDS.
         let mut p = policy(Some(5.0), 0.0);
-        let draws: Vec<bool> =
-            (0..2 * crate::two_model::PROBE_AFTER_PLAIN_ROUNDS + 2).map(|_| p.draw_block(7)).collect();
         let probe = crate::two_model::PROBE_AFTER_PLAIN_ROUNDS;
-        assert!(draws[..probe].iter().all(|d| !d), "{draws:?}");
-        assert!(draws[probe], "a probe after {probe} plain rounds");
-        assert!(!draws[probe + 1]);
+        let draws: Vec<bool> = (0..2000).map(|_| p.draw_block(7)).collect();
+        let at: Vec<usize> = (0..draws.len()).filter(|&i| draws[i]).collect();
+        let gaps: Vec<usize> = std::iter::once(at[0]).chain(at.windows(2).map(|w| w[1] - w[0] - 1)).collect();
+        assert_eq!(
+            &gaps[..5],
+            &[probe, 2 * probe, 4 * probe, MAX_PROBE_AFTER_PLAIN_ROUNDS, MAX_PROBE_AFTER_PLAIN_ROUNDS]
+        );
+        // A block that pays resets the wait.
+        *p.acceptance.lock().unwrap() = policy(None, 1.0).acceptance.lock().unwrap().clone();
+        assert!(p.draw_block(7));
+        assert_eq!(p.probe_after, probe);
         // Accepted blocks pay for the pass; an untimed drafter, a synthetic curve or a batch
         // (the batch scheduler decides there) always draw.
         assert!(policy(Some(5.0), 1.0).draw_block(7));
@@ -606,10 +639,13 @@ mod tests {
         let mut batched = policy(Some(5.0), 0.0);
         batched.curve.batch = Some(crate::policy::BatchLoad::default());
         assert!(batched.draw_block(7));
-        // The running average of block times.
+        // The running average of block times, after a first block that only warms up.
         let p = policy(None, 1.0);
+        *p.block_ms.lock().unwrap() = BlockTime::default();
+        p.time_block(80.0);
+        assert_eq!(p.block_ms.lock().unwrap().ms, None);
         p.time_block(10.0);
         p.time_block(20.0);
-        assert_eq!(*p.block_ms.lock().unwrap(), Some(12.0));
+        assert_eq!(p.block_ms.lock().unwrap().ms, Some(12.0));
     }
 }
