@@ -8,7 +8,9 @@
 //! C      = hidden_norm(fc(F))   F [L, T*H] target taps of positions 0..L-1
 //! X      = embed([x_{p_b}, mask x (B-1)] for each b)            [N*B, H]
 //! per layer: Q from X roped at p_b + j; K, V = [ctx rows of C at 0..L-1 ; X rows]
-//!            block b's queries see context keys k < p_b and its own B slots (nothing else)
+//!            block b's queries see context keys k < p_b and its own B slots (nothing else):
+//!            one softmax over [Q K_ctx^T masked ; Q_b K_b^T], so the other blocks' slots,
+//!            masked anyway, are never scored
 //! h      = norm(X_L); U = lm_head(h); z = U + W2 W1[prev], prev = [x_{p_b}, x_{p_b+1..p_b+B-1}]
 //! conf   = proj([h; W1[prev]])                                  (teacher forcing)
 //! labels = x_{p_b+1 .. p_b+B}; eval_mask = prefix of labels inside the sequence and the loss mask
@@ -20,7 +22,6 @@
 //! differentiable [`Rope::apply_positions`] instead of MLX's fused kernel.
 //!
 //! [`Rope::apply_positions`]: mlx_core::fast::Rope::apply_positions
-use mlx_core::fast::{AttentionMask, scaled_dot_product_attention};
 use mlx_core::{Array, Dtype, concatenate};
 
 use crate::model::Drafter;
@@ -125,15 +126,15 @@ impl Drafter {
         }
         let mut x = self.embed_ids(&block_ids)?.expand_dims(&[0])?; // [1, N*B, H]
 
-        // Positions and the block mask.
+        // Positions and the context mask.
         let ctx_pos: Vec<i32> = (0..l as i32).collect();
         let block_pos: Vec<i32> = anchors.iter().flat_map(|&p| (0..b).map(move |j| (p + j) as i32)).collect();
         let q_pos = Array::from_slice(&block_pos, &[(n * b) as i32])?;
         let kv_pos = Array::from_slice(&[ctx_pos.as_slice(), &block_pos].concat(), &[(l + n * b) as i32])?;
-        let mask = block_mask(anchors, l, b)?;
+        let blocks = BlockLayout { n, b, context_mask: context_mask(anchors, l)? };
 
         for layer in self.layers() {
-            x = layer_training_forward(layer, &x, &context, &q_pos, &kv_pos, &mask, self)?;
+            x = layer_training_forward(layer, &x, &context, &q_pos, &kv_pos, &blocks, self)?;
         }
         let hidden = self.final_norm(&x)?.reshape(&[(n * b) as i32, -1])?; // [N*B, H]
         let base = self.base_logits(&hidden)?;
@@ -194,22 +195,55 @@ impl Drafter {
     }
 }
 
-/// The training attention mask `[N*B, L + N*B]` (true = attend): block `b`'s queries see the
-/// context keys `k < p_b` and the `B` slots of their own block (`common.py:
-/// create_dspark_attention_mask`).
-fn block_mask(anchors: &[usize], l: usize, b: usize) -> Result<Array> {
+/// Which context keys each block sees, `[N, 1, L]` (true = attend; the same for its `B`
+/// slots): block `b`'s queries see the context keys `k < p_b` (the context columns of
+/// `common.py: create_dspark_attention_mask`; its other columns, the blocks' own slots,
+/// [`block_attention`] scores per block instead).
+fn context_mask(anchors: &[usize], l: usize) -> Result<Array> {
     let n = anchors.len();
-    let cols = l + n * b;
-    let mut m = vec![false; n * b * cols];
-    for (i, &p) in anchors.iter().enumerate() {
-        for j in 0..b {
-            let row = &mut m[(i * b + j) * cols..(i * b + j + 1) * cols];
-            row[..p].iter_mut().for_each(|v| *v = true);
-            row[l + i * b..l + (i + 1) * b].iter_mut().for_each(|v| *v = true);
-        }
+    let mut m = Vec::with_capacity(n * l);
+    for &p in anchors {
+        m.extend((0..l).map(|k| u8::from(k < p)));
     }
-    let bytes: Vec<u8> = m.into_iter().map(u8::from).collect();
-    Ok(Array::from_slice(&bytes, &[(n * b) as i32, cols as i32])?.astype(Dtype::Bool)?)
+    Ok(Array::from_slice(&m, &[n as i32, 1, l as i32])?.astype(Dtype::Bool)?)
+}
+
+/// The blocks of a training forward: `N` blocks of `B` rows, and their [`context_mask`].
+pub(crate) struct BlockLayout {
+    n: usize,
+    b: usize,
+    context_mask: Array,
+}
+
+/// DeepSpec's masked attention of the training forward (MLX's `scaled_dot_product_attention`
+/// fallback with an array mask: `q * scale`, GQA by a repeat axis, `where(mask, s, -inf)`,
+/// a precise softmax) without scoring the masked block columns: per block, one softmax over
+/// its context scores (masked to `k < p_b`) and its own `B x B` scores.
+/// `q [1, nh, N*B, hd]`, `k`/`v [1, nkv, L + N*B, hd]` -> `[1, nh, N*B, hd]`.
+fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32, l: i32, blocks: &BlockLayout) -> Result<Array> {
+    let (n, b) = (blocks.n as i32, blocks.b as i32);
+    let [_, nh, rows, hd] = q.shape()[..] else {
+        return Err(Error::Invalid(format!("block queries of shape {:?}, expected [1, nh, rows, hd]", q.shape())));
+    };
+    let nkv = k.shape()[1];
+    let rep = nh / nkv;
+    let q = q.multiply(&Array::scalar_as(f64::from(scale), q.dtype())?)?.reshape(&[1, nkv, rep, n, b, hd])?;
+    let kc = k.slice_axis(2, 0, l)?.reshape(&[1, nkv, 1, 1, l, hd])?;
+    let vc = v.slice_axis(2, 0, l)?.reshape(&[1, nkv, 1, 1, l, hd])?;
+    let kb = k.slice_axis(2, l, l + rows)?.reshape(&[1, nkv, 1, n, b, hd])?;
+    let vb = v.slice_axis(2, l, l + rows)?.reshape(&[1, nkv, 1, n, b, hd])?;
+    let q_ctx = q.reshape(&[1, nkv, rep, 1, rows, hd])?;
+    let ctx = q_ctx.matmul(&kc.swapaxes(-1, -2)?)?.reshape(&[1, nkv, rep, n, b, l])?;
+    let ctx = blocks.context_mask.where_(&ctx, &Array::scalar_as(f64::NEG_INFINITY, ctx.dtype())?)?;
+    let own = q.matmul(&kb.swapaxes(-1, -2)?)?; // [1, nkv, rep, N, B, B]
+    let w = concatenate(&[&ctx, &own], -1)?.softmax(&[-1], true)?;
+    let parts = w.split_at(&[l], -1)?;
+    let out = parts[0]
+        .reshape(&[1, nkv, rep, 1, rows, l])?
+        .matmul(&vc)?
+        .reshape(&[1, nkv, rep, n, b, hd])?
+        .add(&parts[1].matmul(&vb)?)?;
+    Ok(out.reshape(&[1, nh, rows, hd])?)
 }
 
 /// One draft layer's training forward: `x [1, N*B, H]` block rows, `context [1, L, H]`.
@@ -219,7 +253,7 @@ pub(crate) fn layer_training_forward(
     context: &Array,
     q_pos: &Array,
     kv_pos: &Array,
-    mask: &Array,
+    blocks: &BlockLayout,
     d: &Drafter,
 ) -> Result<Array> {
     let a = &layer.attn;
@@ -250,7 +284,7 @@ pub(crate) fn layer_training_forward(
         None => v,
     };
     let v = v.transpose(&[0, 2, 1, 3])?;
-    let o = scaled_dot_product_attention(&q, &k, &v, a.scale, AttentionMask::Array(mask), a.kernels())?;
+    let o = block_attention(&q, &k, &v, a.scale, l, blocks)?;
     let o = a.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[1, rows, -1])?)?;
     layer.residual_and_mlp(x, &o)
 }
