@@ -21,7 +21,7 @@
 //!
 //! Committed rows are queued, not projected at once: the queue joins the context in one
 //! pass (`fc` and each layer's K/V over all its rows, so the weights are read once) before
-//! the next block, a snapshot, or when it holds [`FLUSH_ROWS`] rows. Rounds that draw no
+//! the next block, a snapshot, or when 64 rows wait. Rounds that draw no
 //! block (the cost-aware policy's plain rounds) then cost the target's step alone.
 use std::sync::{Arc, Mutex};
 
