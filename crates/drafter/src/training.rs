@@ -131,10 +131,10 @@ impl Drafter {
         let block_pos: Vec<i32> = anchors.iter().flat_map(|&p| (0..b).map(move |j| (p + j) as i32)).collect();
         let q_pos = Array::from_slice(&block_pos, &[(n * b) as i32])?;
         let kv_pos = Array::from_slice(&[ctx_pos.as_slice(), &block_pos].concat(), &[(l + n * b) as i32])?;
-        let blocks = BlockLayout { n, b, context_mask: context_mask(anchors, l)? };
+        let mask = context_mask(anchors, l)?;
 
         for layer in self.layers() {
-            x = layer_training_forward(layer, &x, &context, &q_pos, &kv_pos, &blocks, self)?;
+            x = layer_training_forward(layer, &x, &context, &q_pos, &kv_pos, &mask, self)?;
         }
         let hidden = self.final_norm(&x)?.reshape(&[(n * b) as i32, -1])?; // [N*B, H]
         let base = self.base_logits(&hidden)?;
@@ -208,23 +208,17 @@ fn context_mask(anchors: &[usize], l: usize) -> Result<Array> {
     Ok(Array::from_slice(&m, &[n as i32, 1, l as i32])?.astype(Dtype::Bool)?)
 }
 
-/// The blocks of a training forward: `N` blocks of `B` rows, and their [`context_mask`].
-pub(crate) struct BlockLayout {
-    n: usize,
-    b: usize,
-    context_mask: Array,
-}
-
 /// DeepSpec's masked attention of the training forward (MLX's `scaled_dot_product_attention`
 /// fallback with an array mask: `q * scale`, GQA by a repeat axis, `where(mask, s, -inf)`,
 /// a precise softmax) without scoring the masked block columns: per block, one softmax over
 /// its context scores (masked to `k < p_b`) and its own `B x B` scores.
-/// `q [1, nh, N*B, hd]`, `k`/`v [1, nkv, L + N*B, hd]` -> `[1, nh, N*B, hd]`.
-fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32, l: i32, blocks: &BlockLayout) -> Result<Array> {
-    let (n, b) = (blocks.n as i32, blocks.b as i32);
-    let [_, nh, rows, hd] = q.shape()[..] else {
-        return Err(Error::Invalid(format!("block queries of shape {:?}, expected [1, nh, rows, hd]", q.shape())));
+/// `q [1, nh, N*B, hd]`, `k`/`v [1, nkv, L + N*B, hd]`, `mask` [`context_mask`]'s `[N, 1, L]`
+/// -> `[1, nh, N*B, hd]`.
+fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Array> {
+    let (&[_, nh, rows, hd], &[n, _, l]) = (q.shape().as_slice(), mask.shape().as_slice()) else {
+        return Err(Error::Invalid(format!("block queries {:?} and context mask {:?}", q.shape(), mask.shape())));
     };
+    let b = rows / n;
     let nkv = k.shape()[1];
     let rep = nh / nkv;
     let q = q.multiply(&Array::scalar_as(f64::from(scale), q.dtype())?)?.reshape(&[1, nkv, rep, n, b, hd])?;
@@ -234,7 +228,7 @@ fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32, l: i32, blocks: 
     let vb = v.slice_axis(2, l, l + rows)?.reshape(&[1, nkv, 1, n, b, hd])?;
     let q_ctx = q.reshape(&[1, nkv, rep, 1, rows, hd])?;
     let ctx = q_ctx.matmul(&kc.swapaxes(-1, -2)?)?.reshape(&[1, nkv, rep, n, b, l])?;
-    let ctx = blocks.context_mask.where_(&ctx, &Array::scalar_as(f64::NEG_INFINITY, ctx.dtype())?)?;
+    let ctx = mask.where_(&ctx, &Array::scalar_as(f64::NEG_INFINITY, ctx.dtype())?)?;
     let own = q.matmul(&kb.swapaxes(-1, -2)?)?; // [1, nkv, rep, N, B, B]
     let w = concatenate(&[&ctx, &own], -1)?.softmax(&[-1], true)?;
     let parts = w.split_at(&[l], -1)?;
@@ -253,7 +247,7 @@ pub(crate) fn layer_training_forward(
     context: &Array,
     q_pos: &Array,
     kv_pos: &Array,
-    blocks: &BlockLayout,
+    mask: &Array,
     d: &Drafter,
 ) -> Result<Array> {
     let a = &layer.attn;
@@ -284,7 +278,7 @@ pub(crate) fn layer_training_forward(
         None => v,
     };
     let v = v.transpose(&[0, 2, 1, 3])?;
-    let o = block_attention(&q, &k, &v, a.scale, l, blocks)?;
+    let o = block_attention(&q, &k, &v, a.scale, mask)?;
     let o = a.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[1, rows, -1])?)?;
     layer.residual_and_mlp(x, &o)
 }
